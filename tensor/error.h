@@ -19,13 +19,13 @@ class Error : public std::runtime_error {
 }  // namespace ddplab
 
 // Throws ddplab::Error with the streamed message when `cond` is false.
-#define DDP_CHECK(cond, msg)                 \
-  do {                                       \
-    if (!(cond)) {                           \
-      std::ostringstream ddp_check_stream_;  \
-      ddp_check_stream_ << msg;              \
+#define DDP_CHECK(cond, msg)                          \
+  do {                                                \
+    if (!(cond)) {                                    \
+      std::ostringstream ddp_check_stream_;           \
+      ddp_check_stream_ << msg;                       \
       throw ::ddplab::Error(ddp_check_stream_.str()); \
-    }                                        \
+    }                                                 \
   } while (0)
 
 // Unconditional form, for the end of a switch or an unsupported case.

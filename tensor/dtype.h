@@ -1,0 +1,118 @@
+// Element types of a tensor and the compile-time map between DType and C++ types.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "tensor/half.h"
+
+namespace ddplab {
+
+enum class DType : uint8_t { Float32, Float64, Float16, BFloat16, Int64, Int32, UInt8, Bool };
+
+inline constexpr DType kFloat32 = DType::Float32;
+inline constexpr DType kFloat64 = DType::Float64;
+inline constexpr DType kFloat16 = DType::Float16;
+inline constexpr DType kBFloat16 = DType::BFloat16;
+inline constexpr DType kInt64 = DType::Int64;
+inline constexpr DType kInt32 = DType::Int32;
+inline constexpr DType kUInt8 = DType::UInt8;
+inline constexpr DType kBool = DType::Bool;
+
+size_t element_size(DType t);
+const char* dtype_name(DType t);  // PyTorch's spelling: "float32", "int64", ...
+DType dtype_from_name(const std::string& name);
+bool is_floating(DType t);
+// The type two operands compute in: the wider float wins, float beats int (as in PyTorch).
+DType promote_types(DType a, DType b);
+
+inline std::ostream& operator<<(std::ostream& os, DType t) {
+  return os << dtype_name(t);
+}
+
+// C++ type <-> DType.
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::Float64;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::Int64;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::UInt8;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::Bool;
+};
+
+// The type arithmetic is done in: 16-bit floats compute in float32.
+template <class T>
+struct compute_type {
+  using type = T;
+};
+template <>
+struct compute_type<Half> {
+  using type = float;
+};
+template <>
+struct compute_type<BFloat16> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename compute_type<T>::type;
+
+}  // namespace ddplab
+
+// Runs the body with `scalar_t` bound to the C++ type of `dtype`.
+#define DDP_DTYPE_CASE(ENUM, TYPE, ...) \
+  case ::ddplab::DType::ENUM: {         \
+    using scalar_t = TYPE;              \
+    __VA_ARGS__;                        \
+    break;                              \
+  }
+
+#define DDP_DISPATCH_FLOATING(dtype, what, ...)                                             \
+  switch (dtype) {                                                                          \
+    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                             \
+    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                            \
+    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                                    \
+    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                               \
+    default:                                                                                \
+      DDP_FAIL(what << ": expected a floating dtype, got " << ::ddplab::dtype_name(dtype)); \
+  }
+
+#define DDP_DISPATCH_ALL(dtype, what, ...)                    \
+  switch (dtype) {                                            \
+    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)               \
+    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)              \
+    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)      \
+    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__) \
+    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)               \
+    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)               \
+    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)               \
+    DDP_DTYPE_CASE(Bool, bool, __VA_ARGS__)                   \
+    default:                                                  \
+      DDP_FAIL(what << ": unsupported dtype");                \
+  }

@@ -1,0 +1,108 @@
+// Copies and conversions, assembling ops, printing, errors for devices, and the caching
+// allocator's reuse.
+#include <doctest/doctest.h>
+
+#include "tensor/backend.h"
+#include "tensor/ops.h"
+#include "tests/test_util.h"
+
+using namespace ddplab;
+using ddplab::testing::check_error_mentions;
+using ddplab::testing::test_devices;
+
+TEST_CASE("dtype conversions round trip and truncate like C casts") {
+  for (Device dev : test_devices()) {
+    Tensor f = ops::from_vector<float>({-2.7f, -0.5f, 0.f, 1.5f, 3.9f, 255.f}, {6}, dev);
+    CHECK(ops::to(f, kInt64).to_vector<int64_t>() == std::vector<int64_t>{-2, 0, 0, 1, 3, 255});
+    CHECK(ops::to(f, kBool).to_vector<bool>() ==
+          std::vector<bool>{true, true, false, true, true, true});
+    CHECK(ops::to(ops::to(f, kFloat64), kFloat32).to_vector<float>() == f.to_vector<float>());
+    CHECK(ops::to(ops::to(f, kBFloat16), kFloat32).to_vector<float>()[3] == 1.5f);
+    Tensor big = ops::from_vector<int64_t>({(int64_t{1} << 53) + 1}, {1}, {kInt64, dev});
+    CHECK(ops::to(big, kInt64).item<int64_t>() ==
+          (int64_t{1} << 53) + 1);  // no trip through double
+    Tensor i32 = ops::to(big, kInt32);
+    CHECK(i32.dtype() == kInt32);
+  }
+}
+
+TEST_CASE("clone, copy_ with broadcast, cat, stack, index_select, gather, scatter_add") {
+  for (Device dev : test_devices()) {
+    Tensor a = ops::view(ops::arange(0, 6, 1, dev), {2, 3});
+    Tensor c = ops::clone(ops::transpose(a, 0, 1));
+    CHECK(c.is_contiguous());
+    CHECK(c.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
+    Tensor dst = ops::zeros({2, 3}, dev);
+    ops::copy_(dst, ops::arange(0, 3, 1, dev));
+    CHECK(dst.to_vector<float>() == std::vector<float>{0, 1, 2, 0, 1, 2});
+
+    Tensor cat0 = ops::cat({a, ops::full({1, 3}, 9, dev)}, 0);
+    CHECK(cat0.shape() == Shape{3, 3});
+    CHECK(cat0.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5, 9, 9, 9});
+    Tensor cat1 = ops::cat({a, a}, 1);
+    CHECK(cat1.to_vector<float>() == std::vector<float>{0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5});
+    CHECK(ops::stack({a, a}, 1).shape() == Shape{2, 2, 3});
+
+    Tensor idx = ops::from_vector<int64_t>({2, 0, 2}, {3}, {kInt64, dev});
+    CHECK(ops::index_select(a, 1, idx).to_vector<float>() == std::vector<float>{2, 0, 2, 5, 3, 5});
+    CHECK(ops::index_select(a, 0, ops::from_vector<int64_t>({1}, {1}, {kInt64, dev}))
+              .to_vector<float>() == std::vector<float>{3, 4, 5});
+    Tensor gi = ops::from_vector<int64_t>({1, 0, 2, 2}, {2, 2}, {kInt64, dev});
+    CHECK(ops::gather(a, 1, gi).to_vector<float>() == std::vector<float>{1, 0, 5, 5});
+    Tensor acc = ops::zeros({2, 3}, dev);
+    ops::scatter_add_(acc, 1, gi, ops::ones({2, 2}, dev));
+    CHECK(acc.to_vector<float>() == std::vector<float>{1, 1, 0, 0, 0, 2});
+    check_error_mentions(
+        [&] {
+          ops::index_select(a, 1, ops::from_vector<int64_t>({3}, {1}, {kInt64, dev}));
+        },
+        {"index 3", "size 3"});
+  }
+}
+
+TEST_CASE("printing shows values, shape, dtype and device, and elides large tensors") {
+  Tensor t = ops::from_vector<float>({1, 2.5, -3, 4}, {2, 2});
+  std::string s = t.str();
+  CHECK(s.find("tensor([[") == 0);
+  CHECK(s.find("2.5000") != std::string::npos);
+  CHECK(s.find("-3.0000") != std::string::npos);
+  CHECK(s.find("shape=[2, 2]") != std::string::npos);
+  CHECK(s.find("dtype=float32") != std::string::npos);
+  CHECK(s.find("device=cpu") != std::string::npos);
+  std::string big = ops::arange(0, 5000).str();
+  CHECK(big.find("...") != std::string::npos);
+  CHECK(big.find("4.9990e+03") != std::string::npos);
+  CHECK(big.size() < 300);
+  CHECK(ops::from_vector<int64_t>({7, -1}, {2}, kInt64).str().find("[ 7, -1]") !=
+        std::string::npos);
+  CHECK(ops::gt(ops::arange(0, 2), 0.5).str().find("False") != std::string::npos);
+  CHECK(Tensor().str() == "tensor(undefined)");
+}
+
+TEST_CASE("CUDA requests without a GPU are clear errors, never crashes") {
+  if (cuda_is_available()) {
+    MESSAGE("a GPU is present: covered by the device loops of the other tests");
+    return;
+  }
+  check_error_mentions([] { ops::zeros({2}, cuda(0)); }, {"cuda:0"});
+  check_error_mentions([] { ops::to(ops::zeros({2}), cuda(1)); }, {"cuda:1"});
+  CHECK(Device("cuda:3").index == 3);
+  check_error_mentions([] { Device("gpu"); }, {"gpu"});
+}
+
+TEST_CASE("the caching host allocator reuses freed blocks") {
+  Allocator& a = cpu_allocator();
+  { Tensor warm = ops::empty({1 << 20}); }
+  AllocatorStats before = a.stats();
+  for (int i = 0; i < 10; ++i) {
+    Tensor t = ops::empty({1 << 20});  // 4 MiB
+    ops::fill_(t, 1);
+  }
+  AllocatorStats after = a.stats();
+  CHECK(after.num_allocs - before.num_allocs == 10);
+  CHECK(after.cache_hits - before.cache_hits == 10);
+  CHECK(after.reserved == before.reserved);  // no new memory from the system
+  CHECK(after.peak_allocated >= (int64_t{4} << 20));
+  a.empty_cache();
+  CHECK(a.stats().reserved <= after.reserved - (int64_t{4} << 20));
+}
