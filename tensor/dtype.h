@@ -103,6 +103,21 @@ using compute_t = typename compute_type<T>::type;
       DDP_FAIL(what << ": expected a floating dtype, got " << ::ddplab::dtype_name(dtype)); \
   }
 
+// Arithmetic dispatch: every dtype except bool (bool only flows through copy, fill, where and the
+// outputs of predicates). Used by both executors.
+#define DDP_DISPATCH_NUMERIC(dtype, what, ...)                                       \
+  switch (dtype) {                                                                   \
+    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                      \
+    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                     \
+    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                             \
+    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                        \
+    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)                                      \
+    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)                                      \
+    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)                                      \
+    default:                                                                         \
+      DDP_FAIL(what << ": not supported for dtype " << ::ddplab::dtype_name(dtype)); \
+  }
+
 #define DDP_DISPATCH_ALL(dtype, what, ...)                    \
   switch (dtype) {                                            \
     DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)               \

@@ -17,21 +17,6 @@ namespace ddplab::cpu {
 
 namespace {
 
-// Arithmetic dispatch: every dtype except bool (bool only flows through copy, fill, where and
-// predicates' outputs).
-#define DDP_DISPATCH_NUMERIC(dtype, what, ...)                             \
-  switch (dtype) {                                                         \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                            \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                           \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                   \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)              \
-    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)                            \
-    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)                            \
-    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)                            \
-    default:                                                               \
-      DDP_FAIL(what << ": not supported for dtype " << dtype_name(dtype)); \
-  }
-
 template <class T>
 T& at(char* p, int64_t i, int64_t stride) {
   return *reinterpret_cast<T*>(p + i * stride);

@@ -138,13 +138,13 @@ void binary_typed(int device, const Tensor& out, const Tensor& x, const Tensor& 
 
 template <class F>
 void unary_op(int device, const Tensor& out, const Tensor& in, double a, double b) {
-  DDP_GPU_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<F, scalar_t>(device, out, in, a, b));
+  DDP_DISPATCH_NUMERIC(in.dtype(), "unary", unary_typed<F, scalar_t>(device, out, in, a, b));
 }
 
 template <class F>
 void binary_op(int device, const Tensor& out, const Tensor& x, const Tensor& y, double alpha,
                double beta) {
-  DDP_GPU_DISPATCH_NUMERIC(x.dtype(), "binary",
+  DDP_DISPATCH_NUMERIC(x.dtype(), "binary",
                            binary_typed<F, scalar_t>(device, out, x, y, alpha, beta));
 }
 

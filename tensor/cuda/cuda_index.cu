@@ -169,7 +169,7 @@ IndexArgs index_args(int device, const Tensor& index, int64_t n, int64_t idx_n, 
 void random(int device, RandomKind kind, const Tensor& t, double a, double b, uint64_t seed,
             uint64_t offset) {
   check_contiguous("random", {&t});
-  DDP_GPU_DISPATCH_NUMERIC(t.dtype(), "random", {
+  DDP_DISPATCH_NUMERIC(t.dtype(), "random", {
     launch(device, t.numel(),
            RandomLoop<scalar_t>{static_cast<scalar_t*>(t.raw_data()), kind, seed, offset, a, b});
   });
@@ -208,7 +208,7 @@ void scatter_add(int device, const Tensor& dst, const Tensor& src, const Tensor&
   if (src.numel() == 0) return;
   DDP_CHECK(src.dtype() == dst.dtype(), "scatter_add: src and dst dtypes differ");
   IndexArgs g = index_args(device, index, dst_n, idx_n, inner);
-  DDP_GPU_DISPATCH_NUMERIC(dst.dtype(), "scatter_add", {
+  DDP_DISPATCH_NUMERIC(dst.dtype(), "scatter_add", {
     launch(device, outer * idx_n * inner,
            ScatterAddLoop<scalar_t>{static_cast<scalar_t*>(dst.raw_data()),
                                     static_cast<const scalar_t*>(src.raw_data()), g});

@@ -19,21 +19,6 @@
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
-// Arithmetic dispatch, as the CPU backend's: every dtype except bool, which only flows through
-// copy, fill, where and the outputs of predicates. (It also halves the kernels nvcc compiles.)
-#define DDP_GPU_DISPATCH_NUMERIC(dtype, what, ...)                                   \
-  switch (dtype) {                                                                   \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                     \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                             \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                        \
-    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)                                      \
-    default:                                                                         \
-      DDP_FAIL(what << ": not supported for dtype " << ::ddplab::dtype_name(dtype)); \
-  }
-
 namespace ddplab::gpu {
 
 // Dims left after merging; more than this and the op fails with a clear error (no real tensor

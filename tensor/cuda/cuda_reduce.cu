@@ -220,10 +220,10 @@ void arg_reduce(int device, bool is_max, const Tensor& out, const Tensor& in, in
   DDP_CHECK(out.dtype() == kInt64, "arg_reduce: output must be int64");
   if (rows == 0) return;
   if (is_max) {
-    DDP_GPU_DISPATCH_NUMERIC(in.dtype(), "argmax",
+    DDP_DISPATCH_NUMERIC(in.dtype(), "argmax",
                              arg_reduce_typed<true, scalar_t>(device, out, in, rows, cols));
   } else {
-    DDP_GPU_DISPATCH_NUMERIC(in.dtype(), "argmin",
+    DDP_DISPATCH_NUMERIC(in.dtype(), "argmin",
                              arg_reduce_typed<false, scalar_t>(device, out, in, rows, cols));
   }
 }
