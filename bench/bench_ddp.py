@@ -1,0 +1,182 @@
+"""ddplab DDP vs PyTorch DDP (gloo) on this machine's CPUs.
+
+Runs the same four measurements with both frameworks and prints them side by side with ratios:
+  1. resnet20 training step, one process, batch 64, 1 thread;
+  2. the same with DDP on 2 ranks, batch 32 each, 1 thread each (same global batch);
+  3. (ddplab only) the same with the naive after-backward all-reduce loop;
+  4. all-reduce of 1M and 16M float32 through the Gloo group, 2 ranks.
+
+    python3 bench/bench_ddp.py [--build build] [--steps 8]
+
+ddplab runs through its own launcher (BUILD/tools/ddprun + BUILD/bench/bench_ddp); PyTorch runs
+here with torch.multiprocessing. See bench/README.md.
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# --- ddplab ---------------------------------------------------------------------------------------
+
+def run_ddplab(build, mode, steps, nproc=1):
+    exe = os.path.join(build, "bench", "bench_ddp")
+    cmd = [exe, mode, "--steps", str(steps)]
+    if nproc > 1:
+        cmd = [os.path.join(build, "tools", "ddprun"), "--standalone", "--nproc-per-node",
+               str(nproc)] + cmd
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        sys.exit("ddplab %s failed:\n%s\n%s" % (mode, out.stdout, out.stderr))
+    result = {}
+    for line in out.stdout.splitlines():
+        i = line.find("BENCH ")
+        if i >= 0:
+            parts = line[i + 6:].split()
+            result[parts[0]] = [float(v) for v in parts[1:]]
+    return result
+
+
+# --- PyTorch --------------------------------------------------------------------------------------
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = None
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
+
+
+def resnet20(num_classes=10):
+    """CIFAR ResNet-20 (He et al. 2016): 3 stages of 3 basic blocks, 16/32/64 channels."""
+    layers = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        for b in range(3):
+            layers.append(BasicBlock(cin, cout, stride if b == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def torch_steps(model, batch, steps, rank=0, barrier=None):
+    torch.manual_seed(1 + rank)
+    x = torch.randn(batch, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    times = []
+    for s in range(2 + steps):
+        if barrier:
+            barrier()
+        t = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if s >= 2:
+            times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def torch_worker(rank, world, port, steps, queue):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=world)
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(resnet20())
+    step = torch_steps(ddp, 32, steps, rank, barrier=dist.barrier)
+    result = {"ddp_step_ms": 1e3 * step, "ddp_images_per_sec": 32 * world / step}
+    for n in (1 << 20, 16 << 20):
+        t = torch.ones(n)
+        reps = 20 if n == 1 << 20 else 5
+        dist.all_reduce(t)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(t)
+        per = (time.perf_counter() - start) / reps
+        result["allreduce_%dM_ms" % (n >> 20)] = 1e3 * per
+        result["allreduce_%dM_busbw_GBps" % (n >> 20)] = 2 * (world - 1) / world * n * 4 / per / 1e9
+    dist.barrier()
+    if rank == 0:
+        queue.put(result)
+    dist.destroy_process_group()
+
+
+def run_torch(steps):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    single = torch_steps(resnet20(), 64, steps)
+    result = {"single_step_ms": 1e3 * single, "single_images_per_sec": 64 / single}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=torch_worker, args=(r, 2, port, steps, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    result.update(queue.get(timeout=600))
+    for p in procs:
+        p.join()
+    return result
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--steps", type=int, default=8)
+    args = ap.parse_args()
+
+    ours = {}
+    ours.update({k: v[0] for k, v in run_ddplab(args.build, "single", args.steps).items()})
+    ddp = run_ddplab(args.build, "ddp", args.steps, nproc=2)
+    ours.update({k: v[0] for k, v in ddp.items() if len(v) == 1})
+    ours.update({k: v[0] for k, v in run_ddplab(args.build, "naive", args.steps, nproc=2).items()})
+    ours.update({k: v[0] for k, v in run_ddplab(args.build, "allreduce", args.steps, nproc=2).items()})
+    theirs = run_torch(args.steps)
+
+    print("%-36s %12s %12s %10s" % ("measurement", "ddplab", "pytorch", "ddplab/pt"))
+    rows = [("single_step_ms", "lower"), ("ddp_step_ms", "lower"),
+            ("allreduce_1M_ms", "lower"), ("allreduce_16M_ms", "lower"),
+            ("allreduce_1M_busbw_GBps", "higher"), ("allreduce_16M_busbw_GBps", "higher")]
+    for key, better in rows:
+        a, b = ours.get(key), theirs.get(key)
+        print("%-36s %12.2f %12.2f %10.2f   (%s is better)" % (key, a, b, a / b, better))
+    print("%-36s %12.2f %12s" % ("naive_step_ms (no buckets/overlap)", ours["naive_step_ms"], "-"))
+    print("%-36s %12.2f %12s" % ("ddp_exposed_comm_ms (after backward)",
+                                  ours["ddp_exposed_comm_ms"], "-"))
+    print("%-36s %12d" % ("ddp_buckets", ours["ddp_buckets"]))
+    for name, r in (("ddplab", ours), ("pytorch", theirs)):
+        print("%s: DDP speed-up over one process (2 ranks, same global batch): %.2fx"
+              % (name, r["single_step_ms"] / r["ddp_step_ms"]))
+    print("ddplab DDP step vs naive loop: %.2fx" % (ours["naive_step_ms"] / ours["ddp_step_ms"]))
+    print("ddplab bucket timeline of the last step (ms since backward reached the output):")
+    buckets = [k for k in ddp if k.endswith("ready_launched_finished_ms")]
+    for key in sorted(buckets, key=lambda k: int(k.split("_")[1][len("bucket"):])):
+        print("  %s ready %.1f launched %.1f finished %.1f" % ((key.split("_")[1],) + tuple(ddp[key])))
+
+
+if __name__ == "__main__":
+    main()

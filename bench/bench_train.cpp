@@ -1,0 +1,283 @@
+// Training-step benchmark: forward + cross_entropy + backward + SGD step of a model from
+// models/ on random data, timed step by step. bench/bench_train.py runs the same step in PyTorch
+// and, in its driver mode, runs both programs interleaved and prints the ratios (the machine is
+// shared: only ratios measured in one run mean anything).
+//
+//   build/bench/bench_train [--model resnet20|cnn|...] [--batch 128] [--threads 1]
+//                           [--warmup 3] [--steps 10] [--profile]
+//
+// Prints one human-readable line and one `RESULT key=value ...` line (parsed by the driver):
+// median step time, images/s, and the medians of its forward (incl. loss), backward and
+// optimizer parts. --profile adds a per-op breakdown: forward by layer kind (a timed copy of the
+// model's forward, for the ResNets and the small CNN) and backward by autograd node (a pre-hook
+// on every node of the graph records when it starts).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "models/models.h"
+#include "nn/functional.h"
+#include "optim/sgd.h"
+#include "tensor/ops.h"
+#include "tensor/threads.h"
+
+using namespace ddplab;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --- profile: forward by layer kind -------------------------------------------------------
+
+// Seconds per category, summed over the profiled steps.
+using Breakdown = std::map<std::string, double>;
+
+struct FwdTimer {
+  Breakdown* out = nullptr;  // null: no timing (plain forward)
+  Tensor operator()(const char* what, const std::function<Tensor()>& f) const {
+    if (out == nullptr) return f();
+    auto t0 = Clock::now();
+    Tensor r = f();
+    (*out)[what] += since(t0);
+    return r;
+  }
+};
+
+Tensor timed_basic_block(models::BasicBlock& b, const Tensor& x, const FwdTimer& T) {
+  Tensor out = T("conv", [&] { return (*b.conv1)(x); });
+  out = T("batch_norm", [&] { return (*b.bn1)(out); });
+  out = T("relu", [&] { return F::relu(out); });
+  out = T("conv", [&] { return (*b.conv2)(out); });
+  out = T("batch_norm", [&] { return (*b.bn2)(out); });
+  Tensor identity = x;
+  if (b.downsample) {
+    auto& ds = dynamic_cast<nn::Sequential&>(*b.downsample);
+    identity = T("conv", [&] { return (*ds[0])(x); });
+    identity = T("batch_norm", [&] { return (*ds[1])(identity); });
+  }
+  out = T("add", [&] { return out + identity; });
+  return T("relu", [&] { return F::relu(out); });
+}
+
+// The model's forward with every layer timed; null when the model is not one we know how to walk
+// (then --profile reports the backward only).
+std::function<Tensor(const Tensor&, const FwdTimer&)> timed_forward(nn::Module& model) {
+  if (auto* r = dynamic_cast<models::ResNet*>(&model)) {
+    return [r](const Tensor& x, const FwdTimer& T) {
+      Tensor out = T("conv", [&] { return (*r->conv1)(x); });
+      out = T("batch_norm", [&] { return (*r->bn1)(out); });
+      out = T("relu", [&] { return F::relu(out); });
+      for (auto& layer : r->layers) {
+        for (size_t i = 0; i < layer->size(); ++i) {
+          auto* b = dynamic_cast<models::BasicBlock*>((*layer)[i].get());
+          DDP_CHECK(b != nullptr, "bench_train --profile: only BasicBlock ResNets are walked");
+          out = timed_basic_block(*b, out, T);
+        }
+      }
+      out = T("pool", [&] { return ddplab::flatten((*r->avgpool)(out), 1); });
+      return T("linear", [&] { return (*r->fc)(out); });
+    };
+  }
+  if (auto* c = dynamic_cast<models::SmallCNN*>(&model)) {
+    return [c](const Tensor& x, const FwdTimer& T) {
+      Tensor h = T("conv", [&] { return (*c->conv1)(x); });
+      h = T("batch_norm", [&] { return (*c->bn1)(h); });
+      h = T("relu", [&] { return F::relu(h); });
+      h = T("pool", [&] { return F::max_pool2d(h, {2, 2}); });
+      h = T("conv", [&] { return (*c->conv2)(h); });
+      h = T("batch_norm", [&] { return (*c->bn2)(h); });
+      h = T("relu", [&] { return F::relu(h); });
+      h = T("pool", [&] { return F::max_pool2d(h, {2, 2}); });
+      h = T("linear", [&] { return (*c->fc1)(ddplab::flatten(h, 1)); });
+      h = T("relu", [&] { return F::relu(h); });
+      return T("linear", [&] { return (*c->fc2)(h); });
+    };
+  }
+  return nullptr;
+}
+
+// --- profile: backward by autograd node ---------------------------------------------------
+
+// Every node of the graph gets a pre-hook that stamps the time it starts; a node's time is then
+// the gap to the next stamp (or to the end of backward). AccumulateGrad nodes outlive the step
+// (they belong to the parameters), so each is hooked only once.
+struct BwdRecorder {
+  std::vector<std::pair<std::string, Clock::time_point>> stamps;
+  std::set<const autograd::Node*> persistent_hooked;
+  std::vector<std::shared_ptr<autograd::Node>> keep;  // keeps hooked persistent nodes alive
+
+  void hook_graph(const Tensor& root) {
+    std::vector<std::shared_ptr<autograd::Node>> todo{autograd::autograd_meta(root).grad_fn};
+    std::unordered_set<const autograd::Node*> seen;
+    while (!todo.empty()) {
+      std::shared_ptr<autograd::Node> n = todo.back();
+      todo.pop_back();
+      if (!n || !seen.insert(n.get()).second) continue;
+      const std::string name = n->name();
+      const bool persistent = name == "AccumulateGrad";
+      if (!persistent || persistent_hooked.insert(n.get()).second) {
+        if (persistent) keep.push_back(n);
+        n->tensor_pre_hooks.emplace_back(0, [this, name](const Tensor&) {
+          stamps.emplace_back(name, Clock::now());
+          return Tensor();
+        });
+      }
+      for (const autograd::Edge& e : n->next_edges) todo.push_back(e.fn);
+    }
+  }
+
+  void collect(Clock::time_point end, Breakdown& out) {
+    for (size_t i = 0; i < stamps.size(); ++i) {
+      const auto next = i + 1 < stamps.size() ? stamps[i + 1].second : end;
+      out[stamps[i].first] += std::chrono::duration<double>(next - stamps[i].second).count();
+    }
+    stamps.clear();
+  }
+};
+
+void print_breakdown(const char* title, const Breakdown& b, int steps, double step_ms) {
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto& [k, v] : b) {
+    rows.emplace_back(v / steps * 1e3, k);
+    total += v / steps * 1e3;
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("%s (ms per step, mean of %d steps; total %.1f ms = %.0f%% of the step)\n", title,
+              steps, total, 100 * total / step_ms);
+  for (const auto& [ms, k] : rows)
+    std::printf("  %-34s %8.2f  %5.1f%%\n", k.c_str(), ms, 100 * ms / step_ms);
+}
+
+struct Config {
+  std::string model = "resnet20";
+  int64_t batch = 128;
+  int threads = 1;
+  int warmup = 3;
+  int steps = 10;
+  bool profile = false;
+};
+
+int run(const Config& c) {
+  set_num_threads(c.threads);
+  manual_seed(0);
+  const bool small = c.model == "cnn" || c.model == "mlp";
+  const int64_t channels = small ? 1 : 3, size = small ? 28 : 32;
+  auto model = models::create(c.model, 10, channels, size);
+  model->train();
+  optim::SGD opt(model->parameters(), {0.01, 0.9, 0, 5e-4, false});
+  Tensor x = ops::randn({c.batch, channels, size, size});
+  Tensor y = ops::randint(0, 10, {c.batch});
+
+  std::vector<double> step_s, fwd_s, bwd_s, opt_s;
+  auto plain_forward = [&](const Tensor& in) { return (*model)(in); };
+  for (int i = 0; i < c.warmup + c.steps; ++i) {
+    auto t0 = Clock::now();
+    Tensor loss = F::cross_entropy(plain_forward(x), y);
+    auto t1 = Clock::now();
+    loss.backward();
+    auto t2 = Clock::now();
+    opt.step();
+    opt.zero_grad();
+    auto t3 = Clock::now();
+    if (i < c.warmup) continue;
+    fwd_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+    bwd_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+    opt_s.push_back(std::chrono::duration<double>(t3 - t2).count());
+    step_s.push_back(std::chrono::duration<double>(t3 - t0).count());
+  }
+  const double ms = median(step_s) * 1e3;
+  const double ips = static_cast<double>(c.batch) / median(step_s);
+  std::printf(
+      "ddplab %s batch %lld threads %d: step %.1f ms (median of %d; forward %.1f, backward "
+      "%.1f, optimizer %.1f), %.0f images/s\n",
+      c.model.c_str(), static_cast<long long>(c.batch), c.threads, ms, c.steps, median(fwd_s) * 1e3,
+      median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+  std::printf(
+      "RESULT impl=ddplab model=%s batch=%lld threads=%d step_ms=%.3f fwd_ms=%.3f "
+      "bwd_ms=%.3f opt_ms=%.3f ips=%.1f\n",
+      c.model.c_str(), static_cast<long long>(c.batch), c.threads, ms, median(fwd_s) * 1e3,
+      median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+
+  if (c.profile) {
+    Breakdown fwd, bwd, opt_b;
+    auto walk = timed_forward(*model);
+    BwdRecorder rec;
+    for (int i = 0; i < c.steps; ++i) {
+      FwdTimer timer{&fwd};
+      Tensor logits = walk ? walk(x, timer) : (*model)(x);
+      Tensor loss = timer("cross_entropy", [&] { return F::cross_entropy(logits, y); });
+      rec.hook_graph(loss);
+      loss.backward();
+      rec.collect(Clock::now(), bwd);
+      auto t0 = Clock::now();
+      opt.step();
+      opt_b["sgd step"] += since(t0);
+      t0 = Clock::now();
+      opt.zero_grad();
+      opt_b["zero_grad"] += since(t0);
+    }
+    if (walk) print_breakdown("forward by layer kind", fwd, c.steps, ms);
+    print_breakdown("backward by autograd node (AccumulateGrad: adding into .grad)", bwd, c.steps,
+                    ms);
+    print_breakdown("optimizer", opt_b, c.steps, ms);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      DDP_CHECK(i + 1 < argc, "bench_train: " << f << " needs a value");
+      return argv[++i];
+    };
+    if (f == "--model") {
+      c.model = value();
+    } else if (f == "--batch") {
+      c.batch = std::stoll(value());
+    } else if (f == "--threads") {
+      c.threads = std::stoi(value());
+    } else if (f == "--warmup") {
+      c.warmup = std::stoi(value());
+    } else if (f == "--steps") {
+      c.steps = std::stoi(value());
+    } else if (f == "--profile") {
+      c.profile = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_train [--model resnet20|cnn|...] [--batch N] [--threads N] "
+                   "[--warmup N] [--steps N] [--profile]\n");
+      return 2;
+    }
+  }
+  try {
+    return run(c);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: %s\n", e.what());
+    return 1;
+  }
+}

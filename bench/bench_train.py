@@ -1,0 +1,251 @@
+#!/usr/bin/python3
+"""Training-step benchmark, PyTorch side, and the driver that compares it with ddplab.
+
+Single mode (the PyTorch counterpart of build/bench/bench_train):
+
+    /usr/bin/python3 bench/bench_train.py --model resnet20 --batch 128 --threads 1 [--profile]
+
+builds the same model as models/ (CIFAR ResNet-20 with 1x1-conv projection shortcuts, or the
+small CNN for 28x28x1 images), SGD (lr 0.01, momentum 0.9, weight decay 5e-4), random inputs and
+labels, and times warm-up + N steps of forward + cross_entropy + backward + step + zero_grad.
+It prints the same `RESULT key=value ...` line as the C++ program.
+
+Driver mode (what docs/benchmarks.md quotes):
+
+    /usr/bin/python3 bench/bench_train.py --driver [--bin build-bench/bench/bench_train]
+        [--rounds 3] [--threads 1,2] [--models resnet20,cnn] [--batch 128]
+
+runs the programs interleaved (ddplab, torch, torch with tuned malloc, ddplab, torch, ...), each
+in a fresh process, `--rounds` times per configuration, and prints a table of medians and the
+ratios ddplab time / torch time. "torch+malloc" is PyTorch with glibc told to keep freed memory
+(MALLOC_MMAP_MAX_=0, a large MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_): without it glibc hands
+large freed blocks back to the OS and PyTorch faults fresh pages in every step
+(/work/shared/toolchain.md), which ddplab's caching allocator avoids by design.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+TUNED_MALLOC = {
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+    "MALLOC_TOP_PAD_": str(256 << 20),
+}
+
+
+# --- the models, layer by layer as models/resnet.cpp and models/simple.cpp ---------------------
+
+
+def build_model(name):
+    import torch.nn as nn
+
+    class BasicBlock(nn.Module):
+        def __init__(self, inplanes, planes, stride, downsample):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.downsample = downsample
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            identity = self.downsample(x) if self.downsample is not None else x
+            return self.relu(out + identity)
+
+    class CifarResNet(nn.Module):
+        def __init__(self, depth, num_classes=10, in_channels=3):
+            super().__init__()
+            n = (depth - 2) // 6
+            self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(16)
+            self.relu = nn.ReLU()
+            inplanes = 16
+            layers = []
+            for s, planes in enumerate([16, 32, 64]):
+                blocks = []
+                for b in range(n):
+                    stride = 2 if (s > 0 and b == 0) else 1
+                    ds = None
+                    if stride != 1 or inplanes != planes:
+                        ds = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, 0, bias=False),
+                                           nn.BatchNorm2d(planes))
+                    blocks.append(BasicBlock(inplanes, planes, stride, ds))
+                    inplanes = planes
+                layers.append(nn.Sequential(*blocks))
+            self.layer1, self.layer2, self.layer3 = layers
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(inplanes, num_classes)
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.layer3(self.layer2(self.layer1(out)))
+            return self.fc(self.avgpool(out).flatten(1))
+
+    class SmallCNN(nn.Module):
+        def __init__(self, num_classes=10, in_channels=1, image_size=28):
+            super().__init__()
+            self.conv1 = nn.Conv2d(in_channels, 32, 3, 1, 1)
+            self.bn1 = nn.BatchNorm2d(32)
+            self.conv2 = nn.Conv2d(32, 64, 3, 1, 1)
+            self.bn2 = nn.BatchNorm2d(64)
+            s = image_size // 4
+            self.fc1 = nn.Linear(64 * s * s, 128)
+            self.fc2 = nn.Linear(128, num_classes)
+            self.pool = nn.MaxPool2d(2)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            h = self.pool(self.relu(self.bn1(self.conv1(x))))
+            h = self.pool(self.relu(self.bn2(self.conv2(h))))
+            h = self.relu(self.fc1(h.flatten(1)))
+            return self.fc2(h)
+
+    m = re.fullmatch(r"resnet(\d+)", name)
+    if m and int(m.group(1)) in (20, 32, 44, 56, 110):
+        return CifarResNet(int(m.group(1))), (3, 32, 32)
+    if name == "cnn":
+        return SmallCNN(), (1, 28, 28)
+    raise SystemExit(f"bench_train.py: unknown model {name} (resnet20/32/44/56/110, cnn)")
+
+
+def run_torch(args):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model, shape = build_model(args.model)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(args.batch, *shape)
+    y = torch.randint(0, 10, (args.batch,))
+
+    def step(times):
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)  # ddplab's zero_grad drops the gradients too
+        t3 = time.perf_counter()
+        if times is not None:
+            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+
+    for _ in range(args.warmup):
+        step(None)
+    times = []
+    for _ in range(args.steps):
+        step(times)
+    med = [statistics.median(t[i] for t in times) * 1e3 for i in range(4)]
+    ips = args.batch / (med[0] / 1e3)
+    print(f"torch {torch.__version__} {args.model} batch {args.batch} threads {args.threads}: step "
+          f"{med[0]:.1f} ms (median of {args.steps}; forward {med[1]:.1f}, backward {med[2]:.1f}, "
+          f"optimizer {med[3]:.1f}), {ips:.0f} images/s")
+    print(f"RESULT impl=torch model={args.model} batch={args.batch} threads={args.threads} "
+          f"step_ms={med[0]:.3f} fwd_ms={med[1]:.3f} bwd_ms={med[2]:.3f} opt_ms={med[3]:.3f} "
+          f"ips={ips:.1f}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(args.steps):
+                step(None)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+
+
+# --- driver ----------------------------------------------------------------------------------
+
+
+def parse_result(out):
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return {k: v for k, v in (kv.split("=", 1) for kv in line.split()[1:])}
+    return None
+
+
+def run_one(variant, bin_path, model, batch, threads, warmup, steps):
+    common = ["--model", model, "--batch", str(batch), "--threads", str(threads),
+              "--warmup", str(warmup), "--steps", str(steps)]
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    if variant.startswith("ddplab"):
+        cmd = [bin_path] + common
+    else:
+        cmd = [sys.executable, os.path.abspath(__file__)] + common
+    if variant.endswith("+malloc"):
+        env.update(TUNED_MALLOC)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    r = parse_result(p.stdout)
+    if p.returncode != 0 or r is None:
+        raise SystemExit(f"{variant} failed ({' '.join(cmd)}):\n{p.stdout}\n{p.stderr}")
+    return float(r["step_ms"]), float(r["fwd_ms"]), float(r["bwd_ms"]), float(r["opt_ms"])
+
+
+def driver(args):
+    variants = args.variants.split(",")
+    configs = [(m, t) for m in args.models.split(",") for t in [int(s) for s in args.threads_list.split(",")]]
+    res = {}  # (model, threads, variant) -> list of (step, fwd, bwd, opt)
+    started = time.time()
+    for r in range(args.rounds):
+        for model, threads in configs:
+            for v in variants:  # interleaved: every variant once per round and configuration
+                t = run_one(v, args.bin, model, args.batch, threads, args.warmup, args.steps)
+                res.setdefault((model, threads, v), []).append(t)
+                print(f"  round {r + 1}/{args.rounds} {model} threads={threads} {v}: "
+                      f"{t[0]:.1f} ms/step", file=sys.stderr, flush=True)
+    base = variants[0]
+    refs = variants[1:]
+    print(f"\nbatch {args.batch}; each cell: median over {args.rounds} processes of the per-process "
+          f"median of {args.steps} steps (after {args.warmup} warm-up); "
+          f"ran {time.time() - started:.0f} s; {time.strftime('%Y-%m-%d %H:%M')}")
+    head = "| model | threads | " + " | ".join(f"{v} ms/step (fwd/bwd/opt)" for v in variants)
+    head += " | " + " | ".join(f"{base} / {v}" for v in refs) + " |"
+    print(head)
+    print("|" + "---|" * (2 + len(variants) + len(refs)))
+    for model, threads in configs:
+        meds = {}
+        cells = []
+        for v in variants:
+            runs = res[(model, threads, v)]
+            meds[v] = [statistics.median(x[i] for x in runs) for i in range(4)]
+            m = meds[v]
+            cells.append(f"{m[0]:.1f} ({m[1]:.0f}/{m[2]:.0f}/{m[3]:.1f})")
+        ratios = [f"{meds[base][0] / meds[v][0]:.2f}" for v in refs]
+        print(f"| {model} | {threads} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet20")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--profile", action="store_true", help="torch.profiler table after timing")
+    ap.add_argument("--driver", action="store_true", help="run ddplab and torch interleaved")
+    ap.add_argument("--bin", default="build-bench/bench/bench_train", help="the ddplab program")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--models", default="resnet20,cnn")
+    ap.add_argument("--threads-list", default="1,2")
+    ap.add_argument("--variants", default="ddplab,torch,torch+malloc",
+                    help="first is the numerator of the ratios; ddplab+malloc also exists")
+    args = ap.parse_args()
+    if args.driver:
+        driver(args)
+    else:
+        run_torch(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+// The Reducer: bucketed, overlapped gradient averaging for DistributedDataParallel.
+//
+// Read the notes first; the code below refers to them by name.
+//
+// Note [Bucket order]
+// ~~~~~~~~~~~~~~~~~~~
+// Backward produces gradients roughly last layer first (the engine runs the latest-created node
+// first, see autograd/engine.cpp). So we lay the parameters out in REVERSE registration order:
+// bucket 0 holds the last layer's parameters, the last bucket the first layer's. Bucket 0 is
+// capped small (first_bucket_cap_mb, 1 MB) so that it fills, and its all-reduce starts, after
+// only a few layers of backward; the others are capped at bucket_cap_mb (25 MB), large enough
+// that each all-reduce amortises its fixed latency. A bucket never exceeds its cap unless one
+// parameter alone does (it then gets a bucket of its own), and holds one dtype (a change of dtype
+// starts a new bucket), so the whole bucket is one flat buffer and one collective.
+//
+// Buckets are LAUNCHED strictly in bucket order: bucket i's all-reduce is issued only after
+// buckets 0..i-1 were issued, even when bucket i happens to be ready first. The reason is the one
+// rule of collectives: every rank must issue the same collectives in the same order, because a
+// collective is matched across ranks by its position in the sequence (its sequence number), not
+// by its contents. Gradients do not arrive in the same order on every rank (a data-dependent
+// branch, thread timing), so "launch whatever is ready" would let rank 0 issue bucket 2 while
+// rank 1 issues bucket 1 as the same collective: they would sum unrelated data, or hang when the
+// sizes differ. A bucket that is ready early just waits for its predecessors.
+// PyTorch additionally rebuilds its buckets after the first iteration in the order gradients
+// actually arrived; ddplab keeps the static layout (simpler, and the order above is already
+// right for feed-forward models).
+//
+// Note [Averaging]
+// ~~~~~~~~~~~~~~~~
+// Each rank computes the gradient of the mean loss over its own B samples. The gradient of the
+// mean loss over all W*B samples is the MEAN of the W per-rank gradients, so DDP averages (sum,
+// then divide by W): that makes W ranks with batch B step exactly like one process with batch
+// W*B, and the learning rate need not change with W. (Summing instead would multiply the
+// effective learning rate by W.)
+// We divide BEFORE the sum: each rank scales its bucket by 1/W, then all-reduces with Sum. In
+// exact arithmetic the order does not matter. In floating point it does: summing first makes the
+// partial sums up to W times larger than any one gradient. In fp16 (max 65504) a large gradient
+// times W can overflow to inf, which the later division cannot undo; dividing first keeps every
+// partial sum within the range of the inputs. The cost is precision at the small end (g/W can
+// underflow in fp16 when g is tiny and W is huge), which matters less than overflow and which
+// loss scaling exists to fix. PyTorch divides before the sum for the same reason.
+//
+// Note [Unused parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A parameter that the forward did not use gets no gradient, so its hook never runs, its bucket
+// never completes, no later bucket is launched (Note [Bucket order]), and the end-of-backward
+// callback is never queued. We cannot detect this during that backward (the engine does not tell
+// us which leaves it will not reach), so the NEXT prepare_for_backward() finds the previous
+// iteration unfinished and throws, naming every parameter that got no gradient.
+// With find_unused_parameters, DDP's forward walks the graph from the output
+// (autograd::reachable_leaves) and the Reducer marks the unreached parameters ready when
+// backward starts (their slots hold their current .grad, or zeros). Not during forward: the set
+// of unused parameters can differ between ranks, so a bucket made only of unused parameters could
+// be launched during forward on one rank and during backward on another, and any collective the
+// user issues in between (an all-reduce of the loss for logging) would then be matched against a
+// bucket. Keeping every DDP collective inside backward keeps the order the same on all ranks.
+// The walk costs a graph traversal per iteration, hence off by default (as in PyTorch).
+// After the buckets, one more all-reduce adds up, per parameter, how many ranks hold a gradient:
+// where none does, .grad is left untouched (undefined), as in single-process training, so an
+// optimizer skips the parameter; where some do, every rank gets the average.
+//
+// Note [no_sync]
+// ~~~~~~~~~~~~~~
+// Gradient accumulation over k micro-batches needs only one all-reduce, at the last one.
+// Inside DDP::no_sync() the forward does not call prepare_for_backward(), so the hooks find the
+// Reducer disarmed and return at once: backward just accumulates into .grad locally (the engine
+// adds in place). The first backward after no_sync() is armed; its hooks run after the engine
+// has added that micro-batch's gradient, so what they copy into the buckets is the SUM over all
+// k micro-batches, and one round of all-reduces averages that sum across ranks. With each
+// micro-batch loss divided by k, the result equals one step on a batch k times larger.
+#include "distributed/reducer.h"
+
+#include <algorithm>
+#include <sstream>
+#include <unordered_set>
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "tensor/ops.h"
+
+namespace ddplab::distributed {
+
+Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
+                 std::shared_ptr<ProcessGroup> pg, ReducerOptions options)
+    : pg_(std::move(pg)), options_(options), alive_(std::make_shared<bool>(true)) {
+  DDP_CHECK(pg_ != nullptr, "Reducer: no process group");
+  DDP_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
+            "Reducer: bucket caps must be positive, got bucket_cap_mb="
+                << options.bucket_cap_mb
+                << ", first_bucket_cap_mb=" << options.first_bucket_cap_mb);
+  for (const auto& [name, t] : params) {
+    if (!t.requires_grad()) continue;  // frozen parameters are neither hooked nor reduced
+    DDP_CHECK(is_floating(t.dtype()) && t.is_contiguous(),
+              "Reducer: parameter '" << name << "' must be a contiguous floating tensor");
+    names_.push_back(name);
+    params_.push_back(t);
+  }
+
+  // Lay out the buckets: last parameter first (Note [Bucket order]).
+  const double mb = 1024.0 * 1024.0;
+  auto cap_bytes = [&](size_t bucket) {
+    return static_cast<size_t>((bucket == 0 ? options.first_bucket_cap_mb : options.bucket_cap_mb) *
+                               mb);
+  };
+  std::vector<std::vector<size_t>> layout;
+  size_t bytes = 0;
+  for (size_t i = params_.size(); i-- > 0;) {
+    const size_t nb = params_[i].nbytes();
+    const bool new_bucket = layout.empty() ||
+                            params_[i].dtype() != params_[layout.back().front()].dtype() ||
+                            bytes + nb > cap_bytes(layout.size() - 1);
+    if (new_bucket) {
+      layout.emplace_back();
+      bytes = 0;
+    }
+    layout.back().push_back(i);
+    bytes += nb;
+  }
+
+  bucket_of_.resize(params_.size());
+  slot_of_.resize(params_.size());
+  for (size_t b = 0; b < layout.size(); ++b) {
+    Bucket bucket;
+    bucket.params = layout[b];
+    int64_t numel = 0;
+    for (size_t i : bucket.params) {
+      bucket.offsets.push_back(numel);
+      numel += params_[i].numel();
+    }
+    bucket.buffer = ops::zeros({numel}, params_[bucket.params.front()].options());
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      bucket.views.push_back(
+          ops::view(ops::narrow(bucket.buffer, 0, bucket.offsets[k], params_[i].numel()),
+                    params_[i].shape()));
+      bucket_of_[i] = b;
+      slot_of_[i] = k;
+      // gradient_as_bucket_view: an existing gradient moves into the bucket now.
+      if (options_.gradient_as_bucket_view && params_[i].grad().defined()) {
+        ops::copy_(bucket.views[k], params_[i].grad());
+        params_[i].set_grad(bucket.views[k]);
+      }
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+
+  ready_.assign(params_.size(), 0);
+  pending_.assign(buckets_.size(), 0);
+  works_.resize(buckets_.size());
+
+  // The hooks are owned by the parameters and may outlive this Reducer: they check `alive` first.
+  std::weak_ptr<bool> alive = alive_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    autograd::register_post_accumulate_grad_hook(params_[i], [this, alive, i](const Tensor&) {
+      if (!alive.expired()) on_gradient_ready(i);
+    });
+  }
+}
+
+Reducer::~Reducer() {
+  // Launched all-reduces still write into our buffers: let them finish first.
+  for (auto& w : works_) {
+    if (!w) continue;
+    try {
+      w->wait();
+    } catch (const std::exception&) {  // a failed collective has no buffer access left
+    }
+  }
+}
+
+double Reducer::now_ms() const {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+std::string Reducer::unready_parameter_names() const {
+  std::ostringstream os;
+  size_t listed = 0, total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    if (listed < 20) os << (listed++ ? ", " : "") << names_[i];
+    ++total;
+  }
+  if (total > listed) os << " (and " << total - listed << " more)";
+  return os.str();
+}
+
+void Reducer::ensure_prior_reduction_finished() const {
+  DDP_CHECK(!armed_,
+            "DistributedDataParallel: Expected to have finished reduction in the prior iteration "
+            "before starting a new one. On rank "
+                << pg_->rank() << " these parameters did not receive a gradient in the previous "
+                << "backward: " << unready_parameter_names()
+                << ". Their buckets (and every later one) were never all-reduced. This usually "
+                   "means the module has parameters that were not used in producing the loss: "
+                   "pass find_unused_parameters=true in DDPOptions (DDP then marks them ready "
+                   "after each forward), or make every parameter take part in the loss. If "
+                   "forward ran without a backward (e.g. evaluation), run it under "
+                   "autograd::NoGradGuard. See Note [Unused parameters] in "
+                   "distributed/reducer.cpp and docs/ddp.md.");
+}
+
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs,
+                                   bool find_unused_parameters) {
+  ensure_prior_reduction_finished();
+  if (params_.empty()) return;  // nothing to reduce (every parameter is frozen)
+  armed_ = true;
+  backward_started_ = false;
+  find_unused_ = find_unused_parameters;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = static_cast<int64_t>(buckets_[b].params.size());
+  }
+  next_bucket_ = 0;
+  timeline_ = IterationTimeline{};
+  timeline_.iteration = iteration_;
+  timeline_.buckets.assign(buckets_.size(), BucketTimes{});
+  timeline_.param_ready_ms.assign(params_.size(), -1);
+
+  unused_.clear();
+  if (find_unused_parameters) {  // Note [Unused parameters]
+    const std::unordered_set<const TensorImpl*> reached = autograd::reachable_leaves(outputs);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!reached.count(params_[i].impl_ptr().get())) unused_.push_back(i);
+    }
+  }
+  // The iteration's clock starts when backward reaches the module's output.
+  std::weak_ptr<bool> alive = alive_;
+  for (const Tensor& out : outputs) {
+    if (!out.defined() || !out.requires_grad() || out.is_leaf()) continue;
+    autograd::register_hook(out, [this, alive](const Tensor&) {
+      if (!alive.expired()) on_output_grad();
+      return Tensor();  // observe only; the gradient passes unchanged
+    });
+  }
+}
+
+void Reducer::start_iteration_clock() {
+  backward_started_ = true;
+  t0_ = std::chrono::steady_clock::now();
+  for (size_t i : unused_) mark_ready(i);  // Note [Unused parameters]
+}
+
+void Reducer::on_output_grad() {
+  if (armed_ && !backward_started_) start_iteration_clock();
+}
+
+void Reducer::on_gradient_ready(size_t i) {
+  if (!armed_) return;  // no_sync(), or a backward that DDP's forward did not prepare for
+  if (!backward_started_) start_iteration_clock();
+  DDP_CHECK(!ready_[i], "DistributedDataParallel: parameter '"
+                            << names_[i]
+                            << "' received a gradient twice in one iteration. Expected each "
+                               "parameter to be marked ready once per forward: run forward again "
+                               "before every backward, and do not use a parameter outside the "
+                               "module's forward (e.g. in a loss term) when "
+                               "find_unused_parameters=true has marked it unused.");
+  timeline_.param_ready_ms[i] = now_ms();
+  mark_ready(i);
+}
+
+void Reducer::mark_ready(size_t i) {
+  ready_[i] = 1;
+  const size_t b = bucket_of_[i];
+  const Tensor& slot = buckets_[b].views[slot_of_[i]];
+  const Tensor grad = params_[i].grad();
+  if (!grad.defined()) {
+    ops::zero_(slot);  // an unused parameter contributes nothing
+  } else if (!grad.is_same(slot)) {
+    ops::copy_(slot, grad);
+    if (options_.gradient_as_bucket_view) params_[i].set_grad(slot);  // from now on, a view
+  }
+  if (--pending_[b] == 0) {
+    timeline_.buckets[b].ready_ms = now_ms();
+    launch_ready_buckets();
+  }
+  poll_finished();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Note [Bucket order]: only a prefix of ready buckets may go.
+  while (next_bucket_ < buckets_.size() && pending_[next_bucket_] == 0) {
+    const Tensor& buffer = buckets_[next_bucket_].buffer;
+    ops::mul_(buffer, 1.0 / pg_->size());  // Note [Averaging]: divide, then sum
+    timeline_.buckets[next_bucket_].launched_ms = now_ms();
+    works_[next_bucket_] = pg_->all_reduce(buffer, ReduceOp::Sum);
+    ++next_bucket_;
+  }
+  if (next_bucket_ == buckets_.size()) {
+    // Every bucket is in flight: collect them once the engine has finished this backward.
+    std::weak_ptr<bool> alive = alive_;
+    autograd::queue_callback([this, alive] {
+      if (!alive.expired()) finalize_backward();
+    });
+  }
+}
+
+void Reducer::poll_finished() {
+  for (size_t b = 0; b < next_bucket_; ++b) {
+    if (timeline_.buckets[b].finished_ms < 0 && works_[b]->is_completed()) {
+      timeline_.buckets[b].finished_ms = now_ms();
+    }
+  }
+}
+
+void Reducer::finalize_backward() {
+  timeline_.backward_end_ms = now_ms();
+  poll_finished();
+  // Note [Unused parameters]: how many ranks hold a gradient for each parameter.
+  Tensor holders;
+  std::shared_ptr<Work> holders_work;
+  if (find_unused_) {
+    std::vector<float> has(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) has[i] = params_[i].grad().defined() ? 1.f : 0.f;
+    holders = ops::from_vector(has, {static_cast<int64_t>(has.size())});
+    holders_work = pg_->all_reduce(holders, ReduceOp::Sum);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    works_[b]->wait();
+    if (timeline_.buckets[b].finished_ms < 0) timeline_.buckets[b].finished_ms = now_ms();
+    works_[b].reset();
+  }
+  std::vector<float> held;
+  if (holders_work) {
+    holders_work->wait();
+    held = holders.to_vector<float>();
+  }
+  // Write the averages back into .grad (with views they are already there).
+  for (const Bucket& bucket : buckets_) {
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      if (!held.empty() && held[i] == 0) continue;  // no rank has a gradient: leave it undefined
+      const Tensor grad = params_[i].grad();
+      if (options_.gradient_as_bucket_view) {
+        if (!grad.is_same(bucket.views[k])) params_[i].set_grad(bucket.views[k]);
+      } else if (grad.defined()) {
+        ops::copy_(grad, bucket.views[k]);
+      } else {
+        params_[i].set_grad(ops::clone(bucket.views[k]));
+      }
+    }
+  }
+  armed_ = false;
+  ++iteration_;
+  timeline_.finalized_ms = now_ms();
+  last_timeline_ = timeline_;
+}
+
+}  // namespace ddplab::distributed

@@ -1,0 +1,55 @@
+// DistributedSampler: each rank's share of a dataset, as PyTorch's
+// torch.utils.data.distributed.DistributedSampler.
+//
+// Every rank computes the same epoch order (a permutation that depends only on seed and epoch),
+// pads it so it divides evenly by the number of replicas, and keeps every num_replicas-th index
+// starting at its own rank. So the ranks together visit every sample once per epoch (plus a few
+// repeated for padding), no two ranks overlap outside the padding, and no communication is needed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/sampler.h"
+
+namespace ddplab::distributed {
+
+class DistributedSampler : public data::Sampler {
+ public:
+  // drop_last=false pads by repeating the first indices of the epoch order (cyclically when the
+  // dataset is smaller than the padding); drop_last=true drops the tail so every rank gets
+  // floor(N / num_replicas) samples.
+  DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle = true,
+                     uint64_t seed = 0, bool drop_last = false);
+
+  // The epoch the argument-less indices() uses. Call it at the start of every epoch: without it
+  // every epoch repeats the same order, exactly as in PyTorch.
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+
+  // This rank's indices for `epoch` (the Sampler interface; ignores set_epoch).
+  std::vector<int64_t> indices(int64_t epoch) const override;
+  // This rank's indices for the epoch given to set_epoch.
+  std::vector<int64_t> indices() const { return indices(epoch_); }
+  // Samples per rank per epoch.
+  int64_t size() const override { return num_samples_; }
+  int64_t num_samples() const { return num_samples_; }
+  // num_samples() * num_replicas: the padded (or truncated) length of the epoch order.
+  int64_t total_size() const { return num_samples_ * num_replicas_; }
+
+  int64_t dataset_size() const { return dataset_size_; }
+  int num_replicas() const { return num_replicas_; }
+  int rank() const { return rank_; }
+
+ private:
+  int64_t dataset_size_;
+  int num_replicas_;
+  int rank_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  int64_t num_samples_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace ddplab::distributed

@@ -1,0 +1,425 @@
+// train: trains an image classifier from the model zoo on CIFAR-10/100, (Fashion-)MNIST or an
+// image folder, with SGD + momentum and a learning-rate schedule, printing progress and test
+// accuracy after every epoch.
+//
+//   build/examples/train --model resnet20 --dataset cifar10 --data-dir data/cifar10 --epochs 30
+//   build/examples/train --model cnn --dataset fmnist --epochs 2
+//   build/tools/ddprun --standalone --nproc-per-node 2 build/examples/train --model cnn
+//       --dataset fmnist --epochs 2      (DDP: 2 ranks, --batch-size per rank; docs/ddp.md)
+//
+// The loop is deliberately plain (build data, model, optimizer, schedule; then epochs of
+// forward / loss / backward / step) so that data parallelism can be added in a few lines: the
+// loop works on an `nn::Module&` (wrap it) and takes its order of training examples from an
+// optional data::Sampler (give each rank its share). See docs/training.md.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "data/cifar.h"
+#include "data/dataloader.h"
+#include "data/image_folder.h"
+#include "data/mnist.h"
+#include "distributed/ddp.h"
+#include "distributed/sampler.h"
+#include "models/models.h"
+#include "nn/functional.h"
+#include "nn/module.h"
+#include "optim/lr_scheduler.h"
+#include "optim/sgd.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+#include "tensor/threads.h"
+
+using namespace ddplab;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Config {
+  std::string model = "resnet20";
+  std::string dataset = "cifar10";
+  std::string data_dir;
+  int epochs = 1;
+  int64_t max_steps = 0;  // 0: no limit
+  int64_t batch_size = 128;
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";
+  double warmup_epochs = 0;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  int threads = 0;
+  bool no_augment = false;
+  bool no_shuffle = false;
+  std::string init_from, save, metrics;
+  int num_workers = 2;
+  int64_t subset = 0;
+};
+
+// --- data ------------------------------------------------------------------------------------
+
+struct Data {
+  std::shared_ptr<data::ImageDataset> train, test;
+};
+
+std::string default_dir(const std::string& dataset) {
+  if (dataset == "fmnist") return data::FashionMNIST::kDebianRoot;
+  return "data/" + dataset;
+}
+
+Data load_data(const Config& c) {
+  const std::string dir = c.data_dir.empty() ? default_dir(c.dataset) : c.data_dir;
+  Data d;
+  try {
+    if (c.dataset == "cifar10" || c.dataset == "cifar100") {
+      auto stats = c.dataset == "cifar10" ? data::cifar10_stats() : data::cifar100_stats();
+      auto train_tf =
+          c.no_augment ? data::Transform::eval(stats) : data::Transform::cifar_train(stats);
+      if (c.dataset == "cifar10") {
+        d.train = std::make_shared<data::CIFAR10>(dir, true, train_tf);
+        d.test = std::make_shared<data::CIFAR10>(dir, false, data::Transform::eval(stats));
+      } else {
+        d.train = std::make_shared<data::CIFAR100>(dir, true, train_tf);
+        d.test = std::make_shared<data::CIFAR100>(dir, false, data::Transform::eval(stats));
+      }
+    } else if (c.dataset == "fmnist" || c.dataset == "mnist") {
+      auto stats = c.dataset == "fmnist" ? data::fashion_mnist_stats() : data::mnist_stats();
+      // Small gray images: a 2-pixel random shift is the usual light augmentation.
+      data::Transform train_tf;
+      if (!c.no_augment) train_tf.random_crop(28, 2);
+      train_tf.normalize(stats);
+      if (c.dataset == "fmnist") {
+        d.train = std::make_shared<data::FashionMNIST>(dir, true, train_tf);
+        d.test = std::make_shared<data::FashionMNIST>(dir, false, data::Transform::eval(stats));
+      } else {
+        d.train = std::make_shared<data::MNIST>(dir, true, train_tf);
+        d.test = std::make_shared<data::MNIST>(dir, false, data::Transform::eval(stats));
+      }
+    } else if (c.dataset == "folder") {
+      // No per-dataset statistics: normalise to roughly [-1, 1].
+      data::NormStats stats{{0.5f}, {0.5f}};
+      data::Transform train_tf;
+      if (!c.no_augment) train_tf.random_horizontal_flip();
+      train_tf.normalize(stats);
+      d.train = std::make_shared<data::ImageFolder>(dir + "/train", train_tf);
+      std::string test_dir = std::filesystem::exists(dir + "/test") ? dir + "/test" : dir + "/val";
+      d.test = std::make_shared<data::ImageFolder>(test_dir, data::Transform::eval(stats));
+    } else {
+      throw Error("unknown dataset '" + c.dataset + "' (cifar10, cifar100, fmnist, mnist, folder)");
+    }
+  } catch (const Error& e) {
+    std::cerr << "error: could not load " << c.dataset << " from '" << dir << "':\n  " << e.what()
+              << "\n";
+    // The dataset classes' messages already say what is missing and where to get it.
+    std::cerr << "(--data-dir DIR reads the dataset from another folder";
+    if (c.dataset == "folder") std::cerr << "; expected DIR/train/<class>/<image> and DIR/test/...";
+    std::cerr << ")\n";
+    std::exit(2);
+  }
+  return d;
+}
+
+// The first n examples of a dataset in an order reshuffled every epoch (--subset with shuffle).
+class SubsetRandomSampler : public data::Sampler {
+ public:
+  SubsetRandomSampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  std::vector<int64_t> indices(int64_t epoch) const override {
+    return data::random_permutation(n_, seed_, epoch);
+  }
+  int64_t size() const override { return n_; }
+
+ private:
+  int64_t n_;
+  uint64_t seed_;
+};
+
+std::vector<int64_t> first_n(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+// --- learning-rate schedule -------------------------------------------------------------------
+
+// Stepped once per iteration. Warm-up (linear from lr/warmup_steps to lr) then the schedule over
+// the remaining steps. onecycle has its own warm-up phase (and also cycles the momentum).
+std::unique_ptr<optim::LRScheduler> make_schedule(const Config& c, optim::Optimizer& opt,
+                                                  int64_t total_steps, int64_t steps_per_epoch) {
+  if (c.schedule == "onecycle") {
+    return std::make_unique<optim::OneCycleLR>(opt, c.lr, std::max<int64_t>(total_steps, 2));
+  }
+  const int64_t warm = static_cast<int64_t>(std::llround(c.warmup_epochs * steps_per_epoch));
+  const int64_t main_steps = std::max<int64_t>(total_steps - warm, 1);
+  std::function<double(int64_t)> after;
+  if (c.schedule == "constant") {
+    after = [](int64_t) { return 1.0; };
+  } else if (c.schedule == "step") {
+    // x0.1 at each third of training.
+    int64_t every = std::max<int64_t>(main_steps / 3, 1);
+    after = [every](int64_t s) { return std::pow(0.1, static_cast<double>(s / every)); };
+  } else if (c.schedule == "multistep") {
+    // x0.1 at 50% and 75% of training (He et al. 2016: 32k and 48k of 64k iterations).
+    after = [main_steps](int64_t s) {
+      return std::pow(0.1, (s >= main_steps / 2 ? 1 : 0) + (s >= main_steps * 3 / 4 ? 1 : 0));
+    };
+  } else if (c.schedule == "cosine") {
+    after = [main_steps](int64_t s) {
+      return 0.5 * (1 + std::cos(M_PI * static_cast<double>(std::min(s, main_steps)) /
+                                 static_cast<double>(main_steps)));
+    };
+  } else {
+    throw Error("unknown --schedule '" + c.schedule +
+                "' (constant, step, multistep, cosine, onecycle)");
+  }
+  return std::make_unique<optim::LambdaLR>(opt, [warm, after](int64_t s) {
+    if (s < warm) return static_cast<double>(s + 1) / static_cast<double>(warm);
+    return after(s - warm);
+  });
+}
+
+// --- progress -----------------------------------------------------------------------------------
+
+// On a terminal: one line rewritten in place. Otherwise (logs, CI): a line every ~10 s.
+class Progress {
+ public:
+  Progress() : tty_(isatty(fileno(stdout)) != 0) {}
+  void update(int epoch, int64_t step, int64_t steps, double loss, double acc, double ips,
+              double eta_s, bool force = false) {
+    auto now = Clock::now();
+    double since = std::chrono::duration<double>(now - last_).count();
+    if (!force && since < (tty_ ? 0.2 : 10.0)) return;
+    last_ = now;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "epoch %d [%5lld/%lld] loss %.4f acc %5.2f%% %7.1f img/s ETA %s",
+                  epoch, static_cast<long long>(step), static_cast<long long>(steps), loss,
+                  100 * acc, ips, format_time(eta_s).c_str());
+    if (tty_) {
+      std::printf("\r%s\033[K", buf);
+    } else {
+      std::printf("%s\n", buf);
+    }
+    std::fflush(stdout);
+  }
+  void end_line() {
+    if (tty_) std::printf("\n");
+  }
+  static std::string format_time(double s) {
+    if (!std::isfinite(s) || s < 0) return "--:--";
+    long t = std::lround(s);
+    char buf[32];
+    if (t >= 3600) {
+      std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    } else {
+      std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+    }
+    return buf;
+  }
+
+ private:
+  bool tty_;
+  Clock::time_point last_{};
+};
+
+// Top-1 accuracy of `model` over a loader, in eval mode, without autograd.
+double evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
+  autograd::NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, total = 0;
+  for (auto& batch : loader) {
+    data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
+    Tensor logits = model(b.images);
+    int64_t n = b.labels.size(0);
+    correct += std::llround(F::accuracy(logits, b.labels) * static_cast<double>(n));
+    total += n;
+  }
+  model.train();
+  return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"ddplab: train an image classifier"};
+  std::string models_list;
+  for (const auto& m : models::available()) models_list += " " + m;
+  app.add_option("--model", c.model, "model name:" + models_list)->capture_default_str();
+  app.add_option("--dataset", c.dataset, "cifar10|cifar100|fmnist|mnist|folder")
+      ->check(CLI::IsMember({"cifar10", "cifar100", "fmnist", "mnist", "folder"}))
+      ->capture_default_str();
+  app.add_option("--data-dir", c.data_dir,
+                 "dataset folder (default: data/<dataset>; fmnist: Debian's location)");
+  app.add_option("--epochs", c.epochs, "epochs")->capture_default_str();
+  app.add_option("--max-steps", c.max_steps, "stop after this many steps (0: no limit)");
+  app.add_option("--batch-size", c.batch_size, "batch size")->capture_default_str();
+  app.add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay, "L2 weight decay")->capture_default_str();
+  app.add_option("--schedule", c.schedule, "constant|step|multistep|cosine|onecycle")
+      ->check(CLI::IsMember({"constant", "step", "multistep", "cosine", "onecycle"}))
+      ->capture_default_str();
+  app.add_option("--warmup-epochs", c.warmup_epochs, "linear warm-up (fractions allowed)");
+  app.add_option("--seed", c.seed, "seed of init, shuffle and augmentation")->capture_default_str();
+  app.add_option("--device", c.device, "cpu|cuda[:N]")->capture_default_str();
+  app.add_option("--threads", c.threads, "CPU threads (0: library default)");
+  app.add_flag("--no-augment", c.no_augment, "no random crop/flip");
+  app.add_flag("--no-shuffle", c.no_shuffle, "visit examples in file order");
+  app.add_option("--init-from", c.init_from, "start from a safetensors state_dict");
+  app.add_option("--save", c.save, "write the final state_dict (safetensors) here");
+  app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
+  app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
+  app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (c.threads > 0) set_num_threads(c.threads);
+    // Data parallelism: under ddprun/torchrun (WORLD_SIZE > 1) every process is one rank of a
+    // DDP job. Each trains on its share of every epoch; rank 0 prints, evaluates and saves.
+    const distributed::LaunchEnv env = distributed::launch_env_from_environment();
+    Device device(c.device);
+    if (env.world_size > 1 && device.is_cuda()) device = cuda(env.local_rank);
+    std::shared_ptr<distributed::ProcessGroup> pg;
+    if (env.world_size > 1) {
+      distributed::InitOptions pg_opts;
+      pg_opts.device = device;
+      pg = distributed::init_process_group(pg_opts);
+    }
+    const int world = pg ? pg->size() : 1;
+    const bool main_rank = !pg || pg->rank() == 0;
+    manual_seed(c.seed);
+
+    // Data.
+    Data d = load_data(c);
+    int64_t n_train = c.subset > 0 ? std::min<int64_t>(c.subset, d.train->size()) : d.train->size();
+    std::shared_ptr<const data::Sampler> train_sampler;
+    std::shared_ptr<distributed::DistributedSampler> dist_sampler;
+    if (pg) {  // this rank's share; padded so every rank runs the same number of steps
+      dist_sampler = std::make_shared<distributed::DistributedSampler>(n_train, world, pg->rank(),
+                                                                       !c.no_shuffle, c.seed);
+      train_sampler = dist_sampler;
+    } else if (c.no_shuffle) {
+      train_sampler = std::make_shared<data::ListSampler>(first_n(n_train));
+    } else {
+      train_sampler = std::make_shared<SubsetRandomSampler>(n_train, c.seed);
+    }
+    data::DataLoaderOptions train_opts;
+    train_opts.batch_size = c.batch_size;
+    train_opts.num_workers = c.num_workers;
+    train_opts.seed = c.seed;
+    train_opts.pin_memory = device.is_cuda();
+    train_opts.sampler = train_sampler;
+    data::DataLoader train_loader(d.train, train_opts);
+    data::DataLoaderOptions test_opts = train_opts;
+    test_opts.sampler = nullptr;
+    test_opts.batch_size = std::max<int64_t>(c.batch_size, 256);
+    data::DataLoader test_loader(d.test, test_opts);
+
+    // Model.
+    const Shape sample = d.train->sample_shape();  // [C, H, W]
+    auto net = models::create(c.model, d.train->num_classes(), sample[0], sample[1]);
+    if (!c.init_from.empty()) nn::load(*net, c.init_from);
+    net->to(device);
+    std::shared_ptr<distributed::DDP> ddp;  // broadcasts rank 0's weights (also after --init-from)
+    if (pg) ddp = std::make_shared<distributed::DDP>(net, pg);
+    nn::Module& model = ddp ? static_cast<nn::Module&>(*ddp) : *net;
+    if (main_rank) {
+      std::printf("model %s: %lld parameters; %s: %lld train / %lld test examples; device %s\n",
+                  c.model.c_str(), static_cast<long long>(net->num_parameters()), c.dataset.c_str(),
+                  static_cast<long long>(n_train), static_cast<long long>(d.test->size()),
+                  device.str().c_str());
+      if (pg) {
+        std::printf("DDP: %d ranks (%s), batch %lld per rank\n", world, pg->backend_name().c_str(),
+                    static_cast<long long>(c.batch_size));
+      }
+    }
+
+    // Optimizer and schedule (stepped every iteration).
+    optim::SGD opt(model.parameters(), {c.lr, c.momentum, 0, c.weight_decay, false});
+    const int64_t steps_per_epoch = train_loader.size();
+    int64_t total_steps = steps_per_epoch * c.epochs;
+    if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
+    auto sched = make_schedule(c, opt, total_steps, steps_per_epoch);
+
+    std::ofstream metrics;
+    if (!c.metrics.empty()) metrics.open(c.metrics, std::ios::app);
+    Progress bar;
+    int64_t step = 0;
+    const auto run_start = Clock::now();
+    for (int epoch = 0; epoch < c.epochs && step < total_steps; ++epoch) {
+      train_loader.set_epoch(epoch);
+      if (dist_sampler) dist_sampler->set_epoch(epoch);
+      model.train();
+      const auto epoch_start = Clock::now();
+      double loss_sum = 0;
+      int64_t correct = 0, seen = 0, epoch_steps = 0;
+      for (auto& batch : train_loader) {
+        data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
+        Tensor logits = model(b.images);
+        Tensor loss = F::cross_entropy(logits, b.labels);
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        sched->step();
+        ++step;
+        ++epoch_steps;
+
+        const int64_t n = b.labels.size(0);
+        loss_sum += loss.item<double>() * static_cast<double>(n);
+        correct += std::llround(F::accuracy(logits.detach(), b.labels) * static_cast<double>(n));
+        seen += n;
+        double secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        double ips = static_cast<double>(seen) / secs;
+        double run_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
+        double eta = run_secs / static_cast<double>(step) * static_cast<double>(total_steps - step);
+        bool last = step >= total_steps || epoch_steps == steps_per_epoch;
+        if (main_rank) {
+          bar.update(epoch, epoch_steps, steps_per_epoch, loss_sum / static_cast<double>(seen),
+                     static_cast<double>(correct) / static_cast<double>(seen), ips * world, eta,
+                     last);
+        }
+        if (step >= total_steps) break;
+      }
+      if (!main_rank) continue;  // rank 0 alone evaluates (the inner model: no communication)
+      bar.end_line();
+      const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      const double test_acc = evaluate(*net, test_loader, device);
+      const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      const double train_loss = seen ? loss_sum / static_cast<double>(seen) : 0.0;
+      const double train_acc =
+          seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
+      const double ips = static_cast<double>(seen * world) / train_secs;
+      std::printf(
+          "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
+          "%.1f s, lr %.5f\n",
+          epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
+      std::fflush(stdout);
+      if (metrics.is_open()) {
+        nlohmann::json j = {{"epoch", epoch},           {"step", step},
+                            {"train_loss", train_loss}, {"train_acc", train_acc},
+                            {"test_acc", test_acc},     {"images_per_sec", ips},
+                            {"seconds", seconds}};
+        metrics << j.dump() << "\n";
+        metrics.flush();
+      }
+      if (!c.save.empty()) nn::save(*net, c.save);
+    }
+    if (pg) pg->barrier()->wait();  // rank 0 hosts the store: nobody leaves before the others
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "\nerror: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,254 @@
+// batch_norm: the CPU kernels (forward in training and eval mode, closed-form backward).
+//
+// The input is viewed as [N, C, S] (S = H*W for 4-D input, 1 for 2-D [N, C]); statistics are per
+// channel, over N*S values. Every per-channel sum is accumulated in double, and the variance is
+// taken in two passes (mean first, then squared deviations), which stays exact where the
+// one-pass E[x^2] - E[x]^2 would cancel catastrophically. Channels are independent, so the
+// parallel loops run over channels.
+//
+// PyTorch's conventions, which we match exactly:
+//   * normalization uses the biased batch variance (divide by M = N*S);
+//   * running_var is updated with the unbiased one (divide by M - 1);
+//   * running = (1 - momentum) * running + momentum * batch_stat.
+#include <cmath>
+#include <vector>
+
+#include "autograd/function_node.h"
+#include "nn/functional.h"
+#include "nn/functional_util.h"
+#include "tensor/ops.h"
+#include "tensor/threads.h"
+
+namespace ddplab::nn::functional {
+
+namespace {
+
+struct BnShape {
+  int64_t n, c, s;
+  int64_t count() const { return n * s; }
+};
+
+// Row sums in double with eight independent accumulators: a single running sum is one long
+// dependency chain (and may not be reordered without -ffast-math); eight chains keep the adders
+// busy and let the compiler use vector lanes, several times faster on long rows.
+template <class T, class F>
+double row_sum(int64_t s, F term) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= s; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += term(i + k);
+  }
+  for (; i < s; ++i) acc[0] += term(i);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// Per-channel mean and biased variance of x viewed as [n, c, s].
+template <class T>
+void batch_stats(const T* x, const BnShape& d, double* mean, double* var) {
+#pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
+  for (int64_t c = 0; c < d.c; ++c) {
+    double sum = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const T* p = x + (n * d.c + c) * d.s;
+      sum += row_sum<T>(d.s, [p](int64_t i) { return static_cast<double>(p[i]); });
+    }
+    const double m = sum / static_cast<double>(d.count());
+    double sq = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const T* p = x + (n * d.c + c) * d.s;
+      sq += row_sum<T>(d.s, [p, m](int64_t i) {
+        const double dx = p[i] - m;
+        return dx * dx;
+      });
+    }
+    mean[c] = m;
+    var[c] = sq / static_cast<double>(d.count());
+  }
+}
+
+// y = (x - mean) * invstd * weight + bias, as y = x * scale + shift per channel.
+template <class T>
+void normalize(const T* x, const BnShape& d, const double* mean, const double* invstd,
+               const T* weight, const T* bias, T* y) {
+#pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double g = weight ? static_cast<double>(weight[c]) : 1.0;
+    const double scale = g * invstd[c];
+    const double shift = (bias ? static_cast<double>(bias[c]) : 0.0) - mean[c] * scale;
+    const T sc = static_cast<T>(scale), sh = static_cast<T>(shift);
+    for (int64_t n = 0; n < d.n; ++n) {
+      const T* p = x + (n * d.c + c) * d.s;
+      T* q = y + (n * d.c + c) * d.s;
+      for (int64_t i = 0; i < d.s; ++i) q[i] = p[i] * sc + sh;
+    }
+  }
+}
+
+// Backward. With xhat = (x - mean) * invstd and per-channel sums sum_dy = sum(dy),
+// sum_dy_xhat = sum(dy * xhat):
+//   dweight = sum_dy_xhat, dbias = sum_dy,
+//   training: dx = weight * invstd / M * (M * dy - sum_dy - xhat * sum_dy_xhat)
+//             (the batch statistics depend on x, hence the two correction terms);
+//   eval:     dx = weight * invstd * dy (the running statistics are constants).
+template <class T>
+void backward(const T* x, const T* dy, const BnShape& d, const double* mean, const double* invstd,
+              const T* weight, bool training, T* dx, T* dweight, T* dbias) {
+  const double m_count = static_cast<double>(d.count());
+#pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double mu = mean[c], is = invstd[c];
+    double sum_dy = 0, sum_dy_xmu = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const T* px = x + (n * d.c + c) * d.s;
+      const T* pg = dy + (n * d.c + c) * d.s;
+      sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
+      sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
+    }
+    const double sum_dy_xhat = sum_dy_xmu * is;
+    if (dweight) dweight[c] = static_cast<T>(sum_dy_xhat);
+    if (dbias) dbias[c] = static_cast<T>(sum_dy);
+    if (!dx) continue;
+    const double g = weight ? static_cast<double>(weight[c]) : 1.0;
+    if (training) {
+      // dx = k * (dy - mean_dy - (x - mu) * proj), with proj = sum_dy_xhat * invstd / M
+      const double k = g * is;
+      const double mean_dy = sum_dy / m_count;
+      const double proj = sum_dy_xhat * is / m_count;
+      for (int64_t n = 0; n < d.n; ++n) {
+        const T* px = x + (n * d.c + c) * d.s;
+        const T* pg = dy + (n * d.c + c) * d.s;
+        T* q = dx + (n * d.c + c) * d.s;
+        for (int64_t i = 0; i < d.s; ++i) {
+          q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
+        }
+      }
+    } else {
+      const T k = static_cast<T>(g * is);
+      for (int64_t n = 0; n < d.n; ++n) {
+        const T* pg = dy + (n * d.c + c) * d.s;
+        T* q = dx + (n * d.c + c) * d.s;
+        for (int64_t i = 0; i < d.s; ++i) q[i] = pg[i] * k;
+      }
+    }
+  }
+}
+
+// A defined [C] tensor as a contiguous one of x's dtype (or undefined).
+Tensor param_or_none(const Tensor& t, const Tensor& x, int64_t c, const char* name) {
+  if (!t.defined()) return t;
+  DDP_CHECK(t.dim() == 1 && t.size(0) == c,
+            "batch_norm: " << name << " has shape " << shape_str(t.shape()) << " but input "
+                           << shape_str(x.shape()) << " has " << c << " channels");
+  DDP_CHECK(t.dtype() == x.dtype(), "batch_norm: " << name << " is " << dtype_name(t.dtype())
+                                                   << " but the input is "
+                                                   << dtype_name(x.dtype()));
+  DDP_CHECK(t.device() == x.device(), "batch_norm: " << name << " is on " << t.device()
+                                                     << " but the input on " << x.device());
+  return ops::contiguous(t);
+}
+
+std::vector<double> to_doubles(const Tensor& t) {
+  return t.to_vector<double>();
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight_in, const Tensor& bias_in, bool training, double momentum,
+                  double eps) {
+  DDP_CHECK(x_in.defined(), "batch_norm: input is undefined");
+  DDP_CHECK(x_in.dim() == 2 || x_in.dim() == 4 || x_in.dim() == 3,
+            "batch_norm: expected input [N, C], [N, C, L] or [N, C, H, W], got shape "
+                << shape_str(x_in.shape()));
+  DDP_CHECK(!x_in.is_cuda(), "batch_norm: not implemented on CUDA yet; run it on the CPU");
+  DDP_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64,
+            "batch_norm: supports float32 and float64, got " << dtype_name(x_in.dtype()));
+  BnShape d{x_in.size(0), x_in.size(1), 1};
+  for (int64_t k = 2; k < x_in.dim(); ++k) d.s *= x_in.size(k);
+  Tensor weight = param_or_none(weight_in, x_in, d.c, "weight");
+  Tensor bias = param_or_none(bias_in, x_in, d.c, "bias");
+  DDP_CHECK(running_mean.defined() == running_var.defined(),
+            "batch_norm: pass both running_mean and running_var, or neither");
+  if (running_mean.defined()) {
+    for (const Tensor* r : {&running_mean, &running_var}) {
+      DDP_CHECK(r->numel() == d.c, "batch_norm: running statistics of shape "
+                                       << shape_str(r->shape()) << " do not match input "
+                                       << shape_str(x_in.shape()) << " (" << d.c << " channels)");
+    }
+  }
+  // Without running statistics, eval mode normalizes with the batch's own (as PyTorch).
+  const bool use_batch_stats = training || !running_mean.defined();
+  if (use_batch_stats) {
+    DDP_CHECK(d.count() > 1,
+              "batch_norm: expected more than 1 value per channel when training, "
+              "got input of shape "
+                  << shape_str(x_in.shape()));
+  }
+
+  Tensor x = ops::contiguous(x_in);
+  std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));
+  if (use_batch_stats) {
+    DDP_NN_DISPATCH(x.dtype(), "batch_norm",
+                    batch_stats(x.data_ptr<scalar_t>(), d, mean.data(), var.data()));
+  } else {
+    mean = to_doubles(running_mean);
+    var = to_doubles(running_var);
+  }
+  std::vector<double> invstd(mean.size());
+  for (size_t c = 0; c < mean.size(); ++c) invstd[c] = 1.0 / std::sqrt(var[c] + eps);
+
+  if (training && running_mean.defined()) {
+    // In place, outside the graph: running statistics are buffers, not parameters.
+    std::vector<double> rm = to_doubles(running_mean), rv = to_doubles(running_var);
+    const double unbias = static_cast<double>(d.count()) / static_cast<double>(d.count() - 1);
+    for (size_t c = 0; c < rm.size(); ++c) {
+      rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
+      rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * unbias;
+    }
+    ops::copy_(running_mean, ops::from_vector(rm, running_mean.shape()));
+    ops::copy_(running_var, ops::from_vector(rv, running_var.shape()));
+  }
+
+  Tensor y = ops::empty(x.shape(), x.options());
+  DDP_NN_DISPATCH(
+      x.dtype(), "batch_norm",
+      normalize(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(),
+                weight.defined() ? weight.data_ptr<scalar_t>() : nullptr,
+                bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>()));
+
+  std::vector<Tensor> inputs{x_in};
+  if (weight.defined()) inputs.push_back(weight_in);
+  if (bias.defined()) inputs.push_back(bias_in);
+  if (!autograd::needs_grad(inputs)) return y;
+  Tensor stats = ops::from_vector(mean, {d.c}, kFloat64);
+  Tensor stats_invstd = ops::from_vector(invstd, {d.c}, kFloat64);
+  const bool has_w = weight.defined(), has_b = bias.defined();
+  autograd::Saved saved{x, stats, stats_invstd};
+  if (has_w) saved.push_back(weight);
+  return autograd::record(
+      "NativeBatchNormBackward", y, inputs, std::move(saved),
+      [d, use_batch_stats, has_w, has_b](const Tensor& grad, const autograd::Saved& s,
+                                         const autograd::Needs& needs) {
+        const Tensor& x = s[0];
+        Tensor dy = ops::contiguous(grad);
+        autograd::Grads g(needs.size());
+        Tensor dx = needs[0] ? ops::empty(x.shape(), x.options()) : Tensor();
+        const size_t iw = 1, ib = has_w ? 2 : 1;
+        Tensor dw = has_w && needs[iw] ? ops::empty({d.c}, x.options()) : Tensor();
+        Tensor db = has_b && needs[ib] ? ops::empty({d.c}, x.options()) : Tensor();
+        const double* mean = s[1].data_ptr<double>();
+        const double* invstd = s[2].data_ptr<double>();
+        DDP_NN_DISPATCH(x.dtype(), "batch_norm backward",
+                        backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, mean, invstd,
+                                 has_w ? s[3].data_ptr<scalar_t>() : nullptr, use_batch_stats,
+                                 dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
+                                 dw.defined() ? dw.data_ptr<scalar_t>() : nullptr,
+                                 db.defined() ? db.data_ptr<scalar_t>() : nullptr));
+        g[0] = dx;
+        if (has_w) g[iw] = dw;
+        if (has_b) g[ib] = db;
+        return g;
+      });
+}
+
+}  // namespace ddplab::nn::functional

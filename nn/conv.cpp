@@ -1,0 +1,332 @@
+// 2-D convolution: conv2d (oneDNN for float32, im2col + GEMM otherwise) and conv2d_reference.
+//
+// Three implementations of the same maths, kept side by side on purpose:
+//   * conv2d_reference: a selection matrix turns im2col into a matmul, so the whole convolution
+//     is a handful of differentiable ops (autograd/functions.h) and its gradient comes from their
+//     backward rules. Slow; obviously right. The tests compare the fast paths against it.
+//   * im2col + GEMM with a hand-written backward: runs float64 (for gradcheck) and is the
+//     readable form of what a convolution kernel does.
+//   * oneDNN primitives (nn/onednn.cpp): float32, the one training uses.
+#include "nn/conv.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "autograd/function_node.h"
+#include "autograd/functions.h"
+#include "nn/functional_util.h"
+#include "tensor/backend.h"
+#include "tensor/ops.h"
+#include "tensor/threads.h"
+
+namespace ddplab::nn {
+
+using functional::Pair;
+using onednn::Conv2dParams;
+
+namespace conv_detail {
+
+Conv2dParams check_conv2d_args(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
+                               Pair padding, Pair dilation, int64_t groups) {
+  DDP_CHECK(x.defined() && w.defined(), "conv2d: input and weight must be defined");
+  DDP_CHECK(x.dim() == 4, "conv2d: expected a 4-D input [N, C, H, W], got shape "
+                              << shape_str(x.shape()) << " (weight " << shape_str(w.shape())
+                              << ")");
+  DDP_CHECK(w.dim() == 4, "conv2d: expected a 4-D weight [O, C/groups, kH, kW], got shape "
+                              << shape_str(w.shape()) << " (input " << shape_str(x.shape()) << ")");
+  DDP_CHECK(groups >= 1, "conv2d: groups must be positive, got " << groups);
+  DDP_CHECK(x.size(1) == w.size(1) * groups,
+            "conv2d: input " << shape_str(x.shape()) << " has " << x.size(1)
+                             << " channels but weight " << shape_str(w.shape())
+                             << " with groups=" << groups << " expects " << w.size(1) * groups);
+  DDP_CHECK(w.size(0) % groups == 0, "conv2d: weight " << shape_str(w.shape())
+                                                       << " has out_channels not divisible by "
+                                                          "groups="
+                                                       << groups);
+  DDP_CHECK(x.dtype() == w.dtype(), "conv2d: input " << shape_str(x.shape()) << " is "
+                                                     << dtype_name(x.dtype()) << " but weight "
+                                                     << shape_str(w.shape()) << " is "
+                                                     << dtype_name(w.dtype()));
+  DDP_CHECK(x.device() == w.device(),
+            "conv2d: input is on " << x.device() << " but weight on " << w.device());
+  if (b.defined()) {
+    DDP_CHECK(b.dim() == 1 && b.size(0) == w.size(0),
+              "conv2d: bias " << shape_str(b.shape()) << " does not match weight "
+                              << shape_str(w.shape()) << " (expected [" << w.size(0) << "])");
+    DDP_CHECK(b.dtype() == x.dtype() && b.device() == x.device(),
+              "conv2d: bias must have the input's dtype and device");
+  }
+  for (int i = 0; i < 2; ++i) {
+    DDP_CHECK(stride[i] >= 1 && padding[i] >= 0 && dilation[i] >= 1,
+              "conv2d: need stride >= 1, padding >= 0, dilation >= 1; got stride ["
+                  << stride[0] << ", " << stride[1] << "], padding [" << padding[0] << ", "
+                  << padding[1] << "], dilation [" << dilation[0] << ", " << dilation[1] << "]");
+  }
+  DDP_CHECK(!x.is_cuda(),
+            "conv2d: not implemented on CUDA yet (cuDNN convolution is pending); "
+            "run the convolution on the CPU");
+  Conv2dParams p;
+  p.n = x.size(0), p.c = x.size(1), p.h = x.size(2), p.w = x.size(3);
+  p.o = w.size(0), p.kh = w.size(2), p.kw = w.size(3);
+  p.stride_h = stride[0], p.stride_w = stride[1];
+  p.pad_h = padding[0], p.pad_w = padding[1];
+  p.dil_h = dilation[0], p.dil_w = dilation[1];
+  p.groups = groups;
+  p.has_bias = b.defined();
+  DDP_CHECK(p.out_h() >= 1 && p.out_w() >= 1,
+            "conv2d: kernel " << shape_str(w.shape()) << " (dilation [" << dilation[0] << ", "
+                              << dilation[1] << "]) is larger than the padded input "
+                              << shape_str(x.shape()) << " (padding [" << padding[0] << ", "
+                              << padding[1] << "])");
+  return p;
+}
+
+namespace {
+
+// cols[(c, i, j), (oh, ow)] = x[c0 + c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside):
+// the input pixels each output pixel's kernel window sees, one column per output pixel.
+template <class T>
+void im2col(const Conv2dParams& p, const T* x, int64_t c0, int64_t cg, T* cols) {
+  const int64_t oh = p.out_h(), ow = p.out_w(), rows = cg * p.kh * p.kw;
+#pragma omp parallel for if (rows * oh * ow > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = c0 + r / (p.kh * p.kw), i = r / p.kw % p.kh, j = r % p.kw;
+    T* out = cols + r * oh * ow;
+    for (int64_t y = 0; y < oh; ++y) {
+      const int64_t ih = y * p.stride_h - p.pad_h + i * p.dil_h;
+      for (int64_t xo = 0; xo < ow; ++xo) {
+        const int64_t iw = xo * p.stride_w - p.pad_w + j * p.dil_w;
+        const bool inside = ih >= 0 && ih < p.h && iw >= 0 && iw < p.w;
+        out[y * ow + xo] = inside ? x[(c * p.h + ih) * p.w + iw] : T(0);
+      }
+    }
+  }
+}
+
+// The adjoint of im2col: adds each column entry back into the pixel it was read from.
+// Channels are independent, so the parallel loop runs over channels (no two threads add into
+// the same pixel).
+template <class T>
+void col2im(const Conv2dParams& p, const T* cols, int64_t c0, int64_t cg, T* gx) {
+  const int64_t oh = p.out_h(), ow = p.out_w();
+#pragma omp parallel for if (cg * p.kh * p.kw * oh * ow > kParallelGrain)
+  for (int64_t c = 0; c < cg; ++c) {
+    for (int64_t i = 0; i < p.kh; ++i) {
+      for (int64_t j = 0; j < p.kw; ++j) {
+        const T* in = cols + ((c * p.kh + i) * p.kw + j) * oh * ow;
+        for (int64_t y = 0; y < oh; ++y) {
+          const int64_t ih = y * p.stride_h - p.pad_h + i * p.dil_h;
+          if (ih < 0 || ih >= p.h) continue;
+          for (int64_t xo = 0; xo < ow; ++xo) {
+            const int64_t iw = xo * p.stride_w - p.pad_w + j * p.dil_w;
+            if (iw >= 0 && iw < p.w) gx[((c0 + c) * p.h + ih) * p.w + iw] += in[y * ow + xo];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Row-major C = alpha * op(A) @ op(B) + beta * C on raw pointers, through the CPU backend.
+void gemm(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
+  GemmArgs g;
+  g.dtype = dtype;
+  g.trans_a = ta, g.trans_b = tb;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc;
+  g.alpha = 1, g.beta = beta;
+  backend_for(kCPU).gemm(g);
+}
+
+template <class T>
+void forward_impl(const Conv2dParams& p, const T* x, const T* w, const T* b, T* y) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups, k = cg * p.kh * p.kw;
+  const int64_t l = p.out_h() * p.out_w();
+  std::vector<T> cols(static_cast<size_t>(k * l));
+  for (int64_t n = 0; n < p.n; ++n) {
+    for (int64_t g = 0; g < p.groups; ++g) {
+      im2col(p, x + n * p.c * p.h * p.w, g * cg, cg, cols.data());
+      // y[n, group g] [og, l] = w_g [og, k] @ cols [k, l]
+      gemm(dtype_of<T>::value, false, false, og, l, k, w + g * og * k, k, cols.data(), l,
+           y + (n * p.o + g * og) * l, l, 0);
+    }
+    if (b != nullptr) {
+      for (int64_t o = 0; o < p.o; ++o) {
+        T* row = y + (n * p.o + o) * l;
+        for (int64_t i = 0; i < l; ++i) row[i] += b[o];
+      }
+    }
+  }
+}
+
+template <class T>
+void backward_data_impl(const Conv2dParams& p, const T* gy, const T* w, T* gx) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups, k = cg * p.kh * p.kw;
+  const int64_t l = p.out_h() * p.out_w();
+  std::vector<T> cols(static_cast<size_t>(k * l));
+  std::fill(gx, gx + p.n * p.c * p.h * p.w, T(0));
+  for (int64_t n = 0; n < p.n; ++n) {
+    for (int64_t g = 0; g < p.groups; ++g) {
+      // cols [k, l] = w_g^T [k, og] @ gy[n, group g] [og, l]
+      gemm(dtype_of<T>::value, true, false, k, l, og, w + g * og * k, k,
+           gy + (n * p.o + g * og) * l, l, cols.data(), l, 0);
+      col2im(p, cols.data(), g * cg, cg, gx + n * p.c * p.h * p.w);
+    }
+  }
+}
+
+template <class T>
+void backward_weights_impl(const Conv2dParams& p, const T* x, const T* gy, T* gw, T* gb) {
+  const int64_t cg = p.c / p.groups, og = p.o / p.groups, k = cg * p.kh * p.kw;
+  const int64_t l = p.out_h() * p.out_w();
+  std::vector<T> cols(static_cast<size_t>(k * l));
+  for (int64_t n = 0; n < p.n; ++n) {
+    for (int64_t g = 0; g < p.groups; ++g) {
+      im2col(p, x + n * p.c * p.h * p.w, g * cg, cg, cols.data());
+      // gw_g [og, k] (+)= gy[n, group g] [og, l] @ cols^T [l, k]
+      gemm(dtype_of<T>::value, false, true, og, k, l, gy + (n * p.o + g * og) * l, l, cols.data(),
+           l, gw + g * og * k, k, n == 0 ? 0 : 1);
+    }
+  }
+  if (gb != nullptr) {
+    for (int64_t o = 0; o < p.o; ++o) {
+      double s = 0;
+      for (int64_t n = 0; n < p.n; ++n) {
+        const T* row = gy + (n * p.o + o) * l;
+        for (int64_t i = 0; i < l; ++i) s += row[i];
+      }
+      gb[o] = static_cast<T>(s);
+    }
+  }
+}
+
+template <class T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+}  // namespace
+
+void im2col_conv2d_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
+                           const Tensor& y) {
+  DDP_NN_DISPATCH(x.dtype(), "conv2d",
+                  forward_impl<scalar_t>(p, x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                                         ptr_or_null<scalar_t>(b), y.data_ptr<scalar_t>()));
+}
+
+void im2col_conv2d_backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w,
+                                 const Tensor& gx) {
+  DDP_NN_DISPATCH(gy.dtype(), "conv2d",
+                  backward_data_impl<scalar_t>(p, gy.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                                               gx.data_ptr<scalar_t>()));
+}
+
+void im2col_conv2d_backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy,
+                                    const Tensor& gw, const Tensor& gb) {
+  DDP_NN_DISPATCH(x.dtype(), "conv2d",
+                  backward_weights_impl<scalar_t>(
+                      p, x.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(), gw.data_ptr<scalar_t>(),
+                      gb.defined() ? gb.data_ptr<scalar_t>() : nullptr));
+}
+
+Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
+                   Pair stride, Pair padding, Pair dilation, int64_t groups) {
+  Conv2dParams p = check_conv2d_args(x_in, w_in, b_in, stride, padding, dilation, groups);
+  // oneDNN serves float32; float64 (gradcheck) takes the im2col path.
+  use_onednn = use_onednn && x_in.dtype() == kFloat32;
+  // The kernels read plain row-major arrays: make the operands contiguous (a no-op usually).
+  Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
+  Tensor b = b_in.defined() ? ops::contiguous(b_in) : Tensor();
+  Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
+  if (use_onednn) {
+    onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(),
+                           b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+  } else {
+    im2col_conv2d_forward(p, x, w, b, y);
+  }
+
+  std::vector<Tensor> inputs{x_in, w_in};
+  if (b_in.defined()) inputs.push_back(b_in);
+  if (!autograd::needs_grad(inputs)) return y;
+  return autograd::record(
+      use_onednn ? "ConvolutionBackward(oneDNN)" : "ConvolutionBackward(im2col)", y, inputs, {x, w},
+      [p, use_onednn](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
+        const Tensor& x = s[0];
+        const Tensor& w = s[1];
+        Tensor gy = ops::contiguous(grad);
+        autograd::Grads g(needs.size());
+        if (needs[0]) {
+          g[0] = ops::empty(x.shape(), x.options());
+          if (use_onednn) {
+            onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(),
+                                         g[0].data_ptr<float>());
+          } else {
+            im2col_conv2d_backward_data(p, gy, w, g[0]);
+          }
+        }
+        const bool want_bias = p.has_bias && needs[2];
+        if (needs[1]) {
+          g[1] = ops::empty(w.shape(), w.options());
+          if (want_bias) g[2] = ops::empty({p.o}, w.options());
+          if (use_onednn) {
+            onednn::conv2d_backward_weights(p, x.data_ptr<float>(), gy.data_ptr<float>(),
+                                            g[1].data_ptr<float>(),
+                                            want_bias ? g[2].data_ptr<float>() : nullptr);
+          } else {
+            im2col_conv2d_backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
+          }
+        } else if (want_bias) {
+          g[2] = ops::sum(gy, {0, 2, 3});
+        }
+        return g;
+      });
+}
+
+}  // namespace conv_detail
+
+namespace functional {
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride, Pair padding,
+              Pair dilation, int64_t groups) {
+  return conv_detail::conv2d_with(true, x, w, b, stride, padding, dilation, groups);
+}
+
+// im2col as a matmul: with S[(h, w), (i, j, oh, ow)] = 1 where input pixel (h, w) is what kernel
+// tap (i, j) of output pixel (oh, ow) reads, x [N, C, H*W] @ S gives every kernel window as a
+// column. Padding needs no special case: a tap that falls outside the input has no 1 in S, so it
+// reads zero. Everything after building S is differentiable ops, so autograd derives the
+// backward by itself.
+Tensor conv2d_reference(const Tensor& x, const Tensor& w, const Tensor& b, Pair stride,
+                        Pair padding, Pair dilation, int64_t groups) {
+  Conv2dParams p = conv_detail::check_conv2d_args(x, w, b, stride, padding, dilation, groups);
+  const int64_t oh = p.out_h(), ow = p.out_w(), kk = p.kh * p.kw, l = oh * ow;
+  const int64_t cg = p.c / groups, og = p.o / groups;
+  std::vector<double> s(static_cast<size_t>(p.h * p.w * kk * l), 0.0);
+  for (int64_t i = 0; i < p.kh; ++i) {
+    for (int64_t j = 0; j < p.kw; ++j) {
+      for (int64_t y = 0; y < oh; ++y) {
+        for (int64_t xo = 0; xo < ow; ++xo) {
+          const int64_t ih = y * p.stride_h - p.pad_h + i * p.dil_h;
+          const int64_t iw = xo * p.stride_w - p.pad_w + j * p.dil_w;
+          if (ih < 0 || ih >= p.h || iw < 0 || iw >= p.w) continue;
+          const int64_t col = (i * p.kw + j) * l + y * ow + xo;
+          s[static_cast<size_t>((ih * p.w + iw) * kk * l + col)] = 1.0;
+        }
+      }
+    }
+  }
+  Tensor sel = ops::from_vector(s, {p.h * p.w, kk * l}, x.options());
+  // [N, C, H*W] @ [H*W, kk*L] -> [N, C, kk*L] -> [N, G, Cg*kk, L]
+  Tensor cols = ddplab::matmul(ddplab::reshape(x, {p.n, p.c, p.h * p.w}), sel);
+  cols = ddplab::reshape(cols, {p.n, groups, cg * kk, l});
+  // weight [O, Cg, kh, kw] -> [1, G, Og, Cg*kk]; out [N, G, Og, L]
+  Tensor wg = ddplab::reshape(w, {1, groups, og, cg * kk});
+  Tensor y = ddplab::reshape(ddplab::matmul(wg, cols), {p.n, p.o, oh, ow});
+  if (b.defined()) y = ddplab::add(y, ddplab::reshape(b, {1, p.o, 1, 1}));
+  return y;
+}
+
+}  // namespace functional
+
+}  // namespace ddplab::nn

@@ -1,0 +1,32 @@
+// Internals of nn/conv.cpp shared with tests: argument checking and the raw im2col kernels.
+//
+// conv2d (nn/functional.h) is the public entry point; these are exposed so the tests can exercise
+// the im2col path on float32 too (it normally serves float64, for gradcheck).
+#pragma once
+
+#include "nn/functional.h"
+#include "nn/onednn.h"
+
+namespace ddplab::nn::conv_detail {
+
+// Validates conv2d's arguments (ranks, channel counts, groups, dtypes, devices, output size) and
+// returns the problem description. Errors name the input and weight shapes.
+onednn::Conv2dParams check_conv2d_args(const Tensor& x, const Tensor& w, const Tensor& b,
+                                       functional::Pair stride, functional::Pair padding,
+                                       functional::Pair dilation, int64_t groups);
+
+// The im2col + GEMM convolution on contiguous tensors (float32 or float64), without autograd.
+// y = conv(x, w) + b; gx = dL/dx; gw / gb = dL/dw, dL/db (gb may be undefined).
+void im2col_conv2d_forward(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& w,
+                           const Tensor& b, const Tensor& y);
+void im2col_conv2d_backward_data(const onednn::Conv2dParams& p, const Tensor& gy, const Tensor& w,
+                                 const Tensor& gx);
+void im2col_conv2d_backward_weights(const onednn::Conv2dParams& p, const Tensor& x,
+                                    const Tensor& gy, const Tensor& gw, const Tensor& gb);
+
+// conv2d with a chosen kernel: `use_onednn` false forces the im2col path (float32 allowed).
+Tensor conv2d_with(bool use_onednn, const Tensor& x, const Tensor& w, const Tensor& b,
+                   functional::Pair stride, functional::Pair padding, functional::Pair dilation,
+                   int64_t groups);
+
+}  // namespace ddplab::nn::conv_detail

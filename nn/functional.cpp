@@ -1,0 +1,105 @@
+// The simple layers of nn/functional.h: linear, relu, dropout.
+//
+// (Convolution lives in nn/conv.cpp, batch norm in nn/batchnorm_kernels.cpp, pooling in
+// nn/pooling.cpp, log_softmax and the losses in nn/loss.cpp.)
+#include "nn/functional.h"
+
+#include "autograd/function_node.h"
+#include "tensor/ops.h"
+
+namespace ddplab::nn::functional {
+
+// y = x @ w^T + b. The input's leading dims are flattened into rows so that one GEMM serves any
+// rank; w is used transposed by the GEMM's flag, never copied.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  DDP_CHECK(x.defined() && w.defined(), "linear: input and weight must be defined");
+  DDP_CHECK(w.dim() == 2, "linear: expected a 2-D weight [out, in], got shape "
+                              << shape_str(w.shape()) << " (input " << shape_str(x.shape()) << ")");
+  DDP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1),
+            "linear: input " << shape_str(x.shape()) << " does not match weight "
+                             << shape_str(w.shape()) << ": the input's last dim must equal "
+                             << w.size(1) << " (weight.size(1))");
+  DDP_CHECK(x.dtype() == w.dtype(), "linear: input " << shape_str(x.shape()) << " is "
+                                                     << dtype_name(x.dtype()) << " but weight "
+                                                     << shape_str(w.shape()) << " is "
+                                                     << dtype_name(w.dtype()));
+  DDP_CHECK(x.device() == w.device(),
+            "linear: input is on " << x.device() << " but weight on " << w.device());
+  const int64_t in = w.size(1), out = w.size(0);
+  if (b.defined()) {
+    DDP_CHECK(b.dim() == 1 && b.size(0) == out,
+              "linear: bias " << shape_str(b.shape()) << " does not match weight "
+                              << shape_str(w.shape()) << " (expected [" << out << "])");
+    DDP_CHECK(b.dtype() == x.dtype() && b.device() == x.device(),
+              "linear: bias must have the input's dtype and device");
+  }
+  Tensor x2 = ops::contiguous(ops::reshape(x, {-1, in}));
+  Tensor wc = ops::contiguous(w);
+  const int64_t rows = x2.size(0);
+  Tensor y = ops::empty({rows, out}, x.options());
+  if (b.defined()) {
+    ops::copy_(y, b);  // broadcast each row, then accumulate the product onto it (beta = 1)
+    ops::gemm_(y, x2, wc, false, true, 1, 1);
+  } else {
+    ops::gemm_(y, x2, wc, false, true, 1, 0);
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  y = ops::reshape(y, out_shape);
+
+  std::vector<Tensor> inputs{x, w};
+  if (b.defined()) inputs.push_back(b);
+  if (!autograd::needs_grad(inputs)) return y;
+  Shape x_shape = x.shape();
+  return autograd::record("AddmmBackward", y, inputs, {x2, wc},
+                          [x_shape, in, out](const Tensor& grad, const autograd::Saved& s,
+                                             const autograd::Needs& needs) {
+                            Tensor g2 = ops::contiguous(ops::reshape(grad, {-1, out}));
+                            autograd::Grads g(needs.size());
+                            if (needs[0]) {  // dx [rows, in] = g [rows, out] @ w [out, in]
+                              Tensor gx = ops::empty({g2.size(0), in}, g2.options());
+                              ops::gemm_(gx, g2, s[1], false, false);
+                              g[0] = ops::reshape(gx, x_shape);
+                            }
+                            if (needs[1]) {  // dw [out, in] = g^T [out, rows] @ x [rows, in]
+                              g[1] = ops::empty({out, in}, g2.options());
+                              ops::gemm_(g[1], g2, s[0], true, false);
+                            }
+                            if (needs.size() > 2 && needs[2]) g[2] = ops::sum(g2, {0});
+                            return g;
+                          });
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor y = ops::relu(x);
+  if (!autograd::needs_grad({x})) return y;
+  // Saving the output is enough (y > 0 exactly where x > 0) and keeps no extra tensor alive
+  // when the next layer saves y anyway.
+  return autograd::record("ReluBackward", y, {x}, {y},
+                          [](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
+                            return autograd::Grads{ops::relu_backward(grad, s[0])};
+                          });
+}
+
+// Inverted dropout (as PyTorch): kept elements are scaled by 1/(1-p) in training, so eval is the
+// identity. The mask comes from ops::bernoulli_ (Philox): a generator with a fixed seed gives
+// the same mask on any thread count and on the GPU.
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  DDP_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got " << p);
+  if (!training || p == 0) return x;
+  Tensor mask = ops::empty(x.shape(), x.options());
+  if (p == 1) {
+    ops::zero_(mask);
+  } else {
+    ops::bernoulli_(mask, 1 - p, gen);
+    ops::mul_(mask, 1 / (1 - p));
+  }
+  Tensor y = ops::mul(x, mask);
+  if (!autograd::needs_grad({x})) return y;
+  return autograd::record("DropoutBackward", y, {x}, {mask},
+                          [](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
+                            return autograd::Grads{ops::mul(grad, s[0])};
+                          });
+}
+
+}  // namespace ddplab::nn::functional

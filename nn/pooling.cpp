@@ -1,0 +1,242 @@
+// Pooling over [N, C, H, W]: max_pool2d, avg_pool2d, adaptive_avg_pool2d (CPU kernels with
+// hand-written backward).
+//
+// Every (n, c) plane is independent, so the parallel loops run over planes: in backward, no two
+// threads ever add into the same input pixel.
+//
+// PyTorch conventions matched here:
+//   * stride {0, 0} means stride = kernel; output size uses floor mode (ceil_mode=False);
+//   * max_pool2d: padded positions never win; ties go to the first maximum in row-major window
+//     order; NaN propagates (a NaN is taken as the maximum);
+//   * avg_pool2d: count_include_pad=True: the divisor counts padded positions inside the padded
+//     input, but not the part of a window hanging past the padding;
+//   * adaptive_avg_pool2d: window i spans [floor(i*In/Out), ceil((i+1)*In/Out)).
+#include <cmath>
+#include <vector>
+
+#include "autograd/function_node.h"
+#include "nn/functional.h"
+#include "nn/functional_util.h"
+#include "tensor/ops.h"
+#include "tensor/threads.h"
+
+namespace ddplab::nn::functional {
+
+namespace {
+
+struct PoolShape {
+  int64_t planes, h, w, oh, ow;
+};
+
+// Common argument checks; returns N*C and fills oh/ow for a fixed-window pool.
+PoolShape check_pool(const char* what, const Tensor& x, Pair kernel, Pair& stride, Pair padding) {
+  DDP_CHECK(x.defined() && x.dim() == 4,
+            what << ": expected a 4-D input [N, C, H, W], got shape "
+                 << (x.defined() ? shape_str(x.shape()) : std::string("(undefined)")));
+  DDP_CHECK(!x.is_cuda(), what << ": not implemented on CUDA yet; run it on the CPU");
+  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
+  for (int i = 0; i < 2; ++i) {
+    DDP_CHECK(kernel[i] >= 1 && stride[i] >= 1,
+              what << ": kernel and stride must be positive, got kernel [" << kernel[0] << ", "
+                   << kernel[1] << "], stride [" << stride[0] << ", " << stride[1] << "]");
+    DDP_CHECK(padding[i] >= 0 && 2 * padding[i] <= kernel[i],
+              what << ": padding should be at most half of the kernel, got padding [" << padding[0]
+                   << ", " << padding[1] << "] for kernel [" << kernel[0] << ", " << kernel[1]
+                   << "]");
+  }
+  PoolShape s{x.size(0) * x.size(1), x.size(2), x.size(3), 0, 0};
+  s.oh = (s.h + 2 * padding[0] - kernel[0]) / stride[0] + 1;
+  s.ow = (s.w + 2 * padding[1] - kernel[1]) / stride[1] + 1;
+  DDP_CHECK(s.h + 2 * padding[0] >= kernel[0] && s.w + 2 * padding[1] >= kernel[1],
+            what << ": kernel [" << kernel[0] << ", " << kernel[1]
+                 << "] is larger than the padded input " << shape_str(x.shape()));
+  return s;
+}
+
+// --- max pooling -------------------------------------------------------------------------------
+
+// Writes the max of each window and the flat index (h * W + w) within the plane of the winner.
+template <class T>
+void max_pool_forward(const T* x, const PoolShape& s, Pair k, Pair st, Pair pad, T* y,
+                      int64_t* arg) {
+#pragma omp parallel for if (s.planes * s.oh * s.ow * k[0] * k[1] > kParallelGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    const T* in = x + p * s.h * s.w;
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        const int64_t h0 = oy * st[0] - pad[0], w0 = ox * st[1] - pad[1];
+        T best = -INFINITY;
+        int64_t best_i = -1;
+        for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + k[0], s.h); ++ih) {
+          for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + k[1], s.w); ++iw) {
+            const T v = in[ih * s.w + iw];
+            // Strict > keeps the first of tied maxima; NaN wins once and stays.
+            if (best_i < 0 || v > best || (std::isnan(v) && !std::isnan(best))) {
+              best = v;
+              best_i = ih * s.w + iw;
+            }
+          }
+        }
+        const int64_t o = (p * s.oh + oy) * s.ow + ox;
+        y[o] = best;
+        arg[o] = best_i;
+      }
+    }
+  }
+}
+
+template <class T>
+void max_pool_backward(const T* gy, const int64_t* arg, const PoolShape& s, T* gx) {
+#pragma omp parallel for if (s.planes * s.h * s.w > kParallelGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    T* out = gx + p * s.h * s.w;
+    for (int64_t i = 0; i < s.h * s.w; ++i) out[i] = T(0);
+    for (int64_t o = 0; o < s.oh * s.ow; ++o) {
+      const int64_t i = arg[p * s.oh * s.ow + o];
+      if (i >= 0) out[i] += gy[p * s.oh * s.ow + o];
+    }
+  }
+}
+
+// --- average pooling (fixed and adaptive windows) -------------------------------------------
+// Both are "sum the window, times a per-output weight", so one kernel serves both: a window
+// table gives [h0, h1) x [w0, w1) and the divisor of each output pixel.
+struct Windows {
+  std::vector<int64_t> h0, h1, w0, w1;  // per output row / column, clipped to the input
+  std::vector<double> inv_div;          // per output pixel (oh * ow)
+};
+
+Windows avg_windows(const PoolShape& s, Pair k, Pair st, Pair pad) {
+  Windows win;
+  std::vector<int64_t> hsize(s.oh), wsize(s.ow);
+  for (int64_t oy = 0; oy < s.oh; ++oy) {
+    int64_t a = oy * st[0] - pad[0], b = std::min(a + k[0], s.h + pad[0]);
+    hsize[oy] = b - a;  // counts padding (count_include_pad=True), not overhang past it
+    win.h0.push_back(std::max<int64_t>(a, 0));
+    win.h1.push_back(std::min(b, s.h));
+  }
+  for (int64_t ox = 0; ox < s.ow; ++ox) {
+    int64_t a = ox * st[1] - pad[1], b = std::min(a + k[1], s.w + pad[1]);
+    wsize[ox] = b - a;
+    win.w0.push_back(std::max<int64_t>(a, 0));
+    win.w1.push_back(std::min(b, s.w));
+  }
+  for (int64_t oy = 0; oy < s.oh; ++oy)
+    for (int64_t ox = 0; ox < s.ow; ++ox)
+      win.inv_div.push_back(1.0 / static_cast<double>(hsize[oy] * wsize[ox]));
+  return win;
+}
+
+Windows adaptive_windows(const PoolShape& s) {
+  Windows win;
+  for (int64_t oy = 0; oy < s.oh; ++oy) {
+    win.h0.push_back(oy * s.h / s.oh);                     // floor(i * In / Out)
+    win.h1.push_back(((oy + 1) * s.h + s.oh - 1) / s.oh);  // ceil((i + 1) * In / Out)
+  }
+  for (int64_t ox = 0; ox < s.ow; ++ox) {
+    win.w0.push_back(ox * s.w / s.ow);
+    win.w1.push_back(((ox + 1) * s.w + s.ow - 1) / s.ow);
+  }
+  for (int64_t oy = 0; oy < s.oh; ++oy)
+    for (int64_t ox = 0; ox < s.ow; ++ox)
+      win.inv_div.push_back(
+          1.0 / static_cast<double>((win.h1[oy] - win.h0[oy]) * (win.w1[ox] - win.w0[ox])));
+  return win;
+}
+
+template <class T>
+void avg_pool_forward(const T* x, const PoolShape& s, const Windows& win, T* y) {
+#pragma omp parallel for if (s.planes * s.h * s.w > kParallelGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    const T* in = x + p * s.h * s.w;
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        double sum = 0;
+        for (int64_t ih = win.h0[oy]; ih < win.h1[oy]; ++ih)
+          for (int64_t iw = win.w0[ox]; iw < win.w1[ox]; ++iw) sum += in[ih * s.w + iw];
+        y[(p * s.oh + oy) * s.ow + ox] = static_cast<T>(sum * win.inv_div[oy * s.ow + ox]);
+      }
+    }
+  }
+}
+
+template <class T>
+void avg_pool_backward(const T* gy, const PoolShape& s, const Windows& win, T* gx) {
+#pragma omp parallel for if (s.planes * s.h * s.w > kParallelGrain)
+  for (int64_t p = 0; p < s.planes; ++p) {
+    T* out = gx + p * s.h * s.w;
+    for (int64_t i = 0; i < s.h * s.w; ++i) out[i] = T(0);
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        const T g = static_cast<T>(gy[(p * s.oh + oy) * s.ow + ox] * win.inv_div[oy * s.ow + ox]);
+        for (int64_t ih = win.h0[oy]; ih < win.h1[oy]; ++ih)
+          for (int64_t iw = win.w0[ox]; iw < win.w1[ox]; ++iw) out[ih * s.w + iw] += g;
+      }
+    }
+  }
+}
+
+// Runs an average pool given its windows, and records the backward.
+Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, Windows win) {
+  Tensor x = ops::contiguous(x_in);
+  Tensor y = ops::empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
+  DDP_NN_DISPATCH(x.dtype(), name,
+                  avg_pool_forward(x.data_ptr<scalar_t>(), s, win, y.data_ptr<scalar_t>()));
+  if (!autograd::needs_grad({x_in})) return y;
+  Shape in_shape = x.shape();
+  return autograd::record(name, y, {x_in}, {},
+                          [s, win = std::move(win), in_shape](
+                              const Tensor& grad, const autograd::Saved&, const autograd::Needs&) {
+                            Tensor gy = ops::contiguous(grad);
+                            Tensor gx = ops::empty(in_shape, gy.options());
+                            DDP_NN_DISPATCH(gy.dtype(), "avg_pool backward",
+                                            avg_pool_backward(gy.data_ptr<scalar_t>(), s, win,
+                                                              gx.data_ptr<scalar_t>()));
+                            return autograd::Grads{gx};
+                          });
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
+  PoolShape s = check_pool("max_pool2d", x_in, kernel, stride, padding);
+  Tensor x = ops::contiguous(x_in);
+  Tensor y = ops::empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
+  Tensor arg = ops::empty(y.shape(), kInt64);
+  DDP_NN_DISPATCH(x.dtype(), "max_pool2d",
+                  max_pool_forward(x.data_ptr<scalar_t>(), s, kernel, stride, padding,
+                                   y.data_ptr<scalar_t>(), arg.data_ptr<int64_t>()));
+  if (!autograd::needs_grad({x_in})) return y;
+  Shape in_shape = x.shape();
+  return autograd::record(
+      "MaxPool2DBackward", y, {x_in}, {arg},
+      [s, in_shape](const Tensor& grad, const autograd::Saved& saved, const autograd::Needs&) {
+        Tensor gy = ops::contiguous(grad);
+        Tensor gx = ops::empty(in_shape, gy.options());
+        DDP_NN_DISPATCH(gy.dtype(), "max_pool2d backward",
+                        max_pool_backward(gy.data_ptr<scalar_t>(), saved[0].data_ptr<int64_t>(), s,
+                                          gx.data_ptr<scalar_t>()));
+        return autograd::Grads{gx};
+      });
+}
+
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
+  PoolShape s = check_pool("avg_pool2d", x, kernel, stride, padding);
+  return avg_pool_with("AvgPool2DBackward", x, s, avg_windows(s, kernel, stride, padding));
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
+  DDP_CHECK(x.defined() && x.dim() == 4,
+            "adaptive_avg_pool2d: expected a 4-D input [N, C, H, W], got shape "
+                << (x.defined() ? shape_str(x.shape()) : std::string("(undefined)")));
+  DDP_CHECK(!x.is_cuda(), "adaptive_avg_pool2d: not implemented on CUDA yet; run it on the CPU");
+  DDP_CHECK(output_size[0] >= 1 && output_size[1] >= 1,
+            "adaptive_avg_pool2d: output size must be positive, got [" << output_size[0] << ", "
+                                                                       << output_size[1] << "]");
+  PoolShape s{x.size(0) * x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
+  DDP_CHECK(s.h >= 1 && s.w >= 1,
+            "adaptive_avg_pool2d: input " << shape_str(x.shape()) << " has an empty plane");
+  return avg_pool_with("AdaptiveAvgPool2DBackward", x, s, adaptive_windows(s));
+}
+
+}  // namespace ddplab::nn::functional

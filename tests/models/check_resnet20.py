@@ -1,0 +1,162 @@
+"""resnet20 one-step parity against PyTorch.
+
+Runs parity_resnet20 (ddplab: forward in train mode, cross-entropy, backward, one SGD step with
+lr 0.1, momentum 0.9, weight decay 5e-4), then rebuilds the same network in PyTorch with
+torchvision's layout (defined here: torchvision may not be installed), loads ddplab's initial
+weights and recomputes everything in float64 (the oracle) and float32 (the yardstick). Each
+tensor passes when
+
+    rel_err(ddplab, torch64) <= max(10 * rel_err(torch32, torch64), 1e-4),
+    rel_err(a, b) = max|a - b| / max|b|.
+
+The PyTorch model's state_dict keys must also equal ddplab's exactly (torchvision names).
+
+    python3 check_resnet20.py PARITY_RESNET20_EXE WORK_DIR
+
+Prints a table and `N passed, N failed`; exits 1 on any failure.
+"""
+import os
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "parity"))
+sys.path.insert(0, here)
+try:
+    import st  # the kernels engineer's reader (tests/parity/st.py)
+
+    def load(path):
+        return st.load(path)[0]
+except ImportError:
+    import st_io
+
+    load = st_io.read
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    print("check_resnet20: PyTorch is not importable by %s (Debian: python3-torch)" % sys.executable)
+    print("0 passed, 1 failed")
+    sys.exit(1)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inplanes, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity)
+
+
+class ResNet20(nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        inplanes = 16
+        for i, planes in enumerate([16, 32, 64]):
+            blocks = []
+            for b in range(3):
+                stride = 2 if (i > 0 and b == 0) else 1
+                blocks.append(BasicBlock(inplanes, planes, stride))
+                inplanes = planes
+            setattr(self, "layer%d" % (i + 1), nn.Sequential(*blocks))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def rel_err(a, b):
+    a = torch.as_tensor(a).double()
+    b = torch.as_tensor(b).double()
+    scale = b.abs().max().item() if b.numel() else 0.0
+    diff = (a - b).abs().max().item() if b.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def run(T, dtype):
+    torch.manual_seed(0)
+    model = ResNet20().to(dtype)
+    before = {k[len("before."):]: torch.from_numpy(v) for k, v in T.items()
+              if k.startswith("before.")}
+    model.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v)
+                           for k, v in before.items()}, strict=True)
+    model.train()
+    x = torch.from_numpy(T["input"]).to(dtype)
+    y = torch.from_numpy(T["target"]).long()
+    logits = model(x)
+    loss = F.cross_entropy(logits, y)
+    loss.backward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    out = {"logits": logits.detach(), "loss": loss.detach()}
+    for n, p in model.named_parameters():
+        out["grad." + n] = p.grad.detach().clone()
+    opt.step()
+    for n, t in model.state_dict().items():
+        out["after." + n] = t.detach().clone()
+    return out, list(model.state_dict().keys())
+
+
+def main():
+    exe, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    path = os.path.join(work, "resnet20_step.safetensors")
+    subprocess.run([exe, path], check=True)
+    T = load(path)
+    passed = failed = 0
+
+    ddp_keys = [k[len("before."):] for k in T if k.startswith("before.")]
+    r64, torch_keys = run(T, torch.float64)
+    r32, _ = run(T, torch.float32)
+    if sorted(ddp_keys) == sorted(torch_keys):
+        passed += 1
+        print("state_dict keys: %d, identical to the torchvision layout" % len(torch_keys))
+    else:
+        failed += 1
+        print("FAIL state_dict keys differ: only ddplab %s; only torch %s" % (
+            sorted(set(ddp_keys) - set(torch_keys)), sorted(set(torch_keys) - set(ddp_keys))))
+
+    print("%-40s %12s %12s %12s  %s" % ("tensor", "ddplab err", "torch32 err", "bound", "ok"))
+    worst = 0.0
+    for name in r64:
+        if name.endswith("num_batches_tracked"):
+            ok = int(T[name].item()) == int(r64[name].item())
+            passed += ok
+            failed += not ok
+            if not ok:
+                print("FAIL %s: %s vs %s" % (name, T[name], r64[name]))
+            continue
+        e_ddp = rel_err(T[name], r64[name])
+        e_32 = rel_err(r32[name], r64[name])
+        bound = max(10 * e_32, 1e-4)
+        ok = e_ddp <= bound
+        worst = max(worst, e_ddp / bound)
+        passed += ok
+        failed += not ok
+        if not ok or name in ("logits", "loss") or name.startswith("grad.conv1") \
+                or name.startswith("grad.fc") or name.startswith("after.layer3.2.conv2"):
+            print("%-40s %12.3e %12.3e %12.3e  %s" % (name, e_ddp, e_32, bound,
+                                                       "ok" if ok else "FAIL"))
+    print("(%d tensors compared; worst ddplab error / bound = %.3f)" % (len(r64), worst))
+    print("%d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
+
+
+main()

@@ -1,0 +1,173 @@
+// Tests of the model zoo: torchvision parameter names, parameter counts, forward shapes, the
+// factory, and a state_dict round trip through safetensors.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "autograd/node.h"
+#include "models/models.h"
+#include "nn/module.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+using namespace ddplab;
+
+namespace {
+
+std::vector<std::string> param_names(const nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : m.named_parameters()) out.push_back(n);
+  return out;
+}
+
+// The parameter names of one torchvision BasicBlock at `prefix` (e.g. "layer2.0.").
+void basic_block(std::vector<std::string>& v, const std::string& prefix, bool downsample) {
+  for (const char* s :
+       {"conv1.weight", "bn1.weight", "bn1.bias", "conv2.weight", "bn2.weight", "bn2.bias"}) {
+    v.push_back(prefix + s);
+  }
+  if (downsample) {
+    for (const char* s : {"downsample.0.weight", "downsample.1.weight", "downsample.1.bias"}) {
+      v.push_back(prefix + s);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("resnet20: torchvision names, 272,474 parameters") {
+  auto m = models::cifar_resnet(20, 10);
+  // Written out for the first stage and the first downsampling block, as torchvision lists them.
+  std::vector<std::string> expect = {"conv1.weight",
+                                     "bn1.weight",
+                                     "bn1.bias",
+                                     "layer1.0.conv1.weight",
+                                     "layer1.0.bn1.weight",
+                                     "layer1.0.bn1.bias",
+                                     "layer1.0.conv2.weight",
+                                     "layer1.0.bn2.weight",
+                                     "layer1.0.bn2.bias",
+                                     "layer1.1.conv1.weight",
+                                     "layer1.1.bn1.weight",
+                                     "layer1.1.bn1.bias",
+                                     "layer1.1.conv2.weight",
+                                     "layer1.1.bn2.weight",
+                                     "layer1.1.bn2.bias",
+                                     "layer1.2.conv1.weight",
+                                     "layer1.2.bn1.weight",
+                                     "layer1.2.bn1.bias",
+                                     "layer1.2.conv2.weight",
+                                     "layer1.2.bn2.weight",
+                                     "layer1.2.bn2.bias",
+                                     "layer2.0.conv1.weight",
+                                     "layer2.0.bn1.weight",
+                                     "layer2.0.bn1.bias",
+                                     "layer2.0.conv2.weight",
+                                     "layer2.0.bn2.weight",
+                                     "layer2.0.bn2.bias",
+                                     "layer2.0.downsample.0.weight",
+                                     "layer2.0.downsample.1.weight",
+                                     "layer2.0.downsample.1.bias"};
+  basic_block(expect, "layer2.1.", false);
+  basic_block(expect, "layer2.2.", false);
+  basic_block(expect, "layer3.0.", true);
+  basic_block(expect, "layer3.1.", false);
+  basic_block(expect, "layer3.2.", false);
+  expect.push_back("fc.weight");
+  expect.push_back("fc.bias");
+  CHECK(param_names(*m) == expect);
+  CHECK(m->num_parameters() == 272474);
+  // Buffers: running stats and the int64 batch counter of every BN.
+  auto buffers = m->named_buffers();
+  CHECK(buffers.size() == 3 * 21);
+  CHECK(buffers[0].first == "bn1.running_mean");
+  CHECK(buffers[2].first == "bn1.num_batches_tracked");
+  CHECK(buffers[2].second.dtype() == kInt64);
+  CHECK(m->state_dict().size() == expect.size() + buffers.size());
+}
+
+TEST_CASE("resnet18/34/50 (32x32 stem): torchvision names and counts") {
+  auto m = models::resnet18(10);
+  std::vector<std::string> expect = {"conv1.weight", "bn1.weight", "bn1.bias"};
+  for (int s = 1; s <= 4; ++s) {
+    for (int b = 0; b < 2; ++b) {
+      basic_block(expect, "layer" + std::to_string(s) + "." + std::to_string(b) + ".",
+                  s > 1 && b == 0);
+    }
+  }
+  expect.push_back("fc.weight");
+  expect.push_back("fc.bias");
+  CHECK(param_names(*m) == expect);
+  CHECK(m->num_parameters() == 11173962);
+  CHECK(models::resnet34(10)->num_parameters() == 21282122);
+  auto r50 = models::resnet50(10);
+  auto names50 = param_names(*r50);
+  // Bottleneck: conv3/bn3, and layer1.0 projects 64 -> 256.
+  CHECK(names50[3] == "layer1.0.conv1.weight");
+  CHECK(std::find(names50.begin(), names50.end(), "layer1.0.downsample.0.weight") != names50.end());
+  CHECK(std::find(names50.begin(), names50.end(), "layer4.2.bn3.bias") != names50.end());
+  CHECK(r50->num_parameters() == 23520842);
+}
+
+TEST_CASE("forward shapes and the factory") {
+  autograd::NoGradGuard no_grad;
+  Tensor x = ops::randn({2, 3, 32, 32});
+  CHECK(models::create("resnet20", 10)->forward(x).shape() == Shape{2, 10});
+  CHECK(models::create("resnet56", 100)->forward(x).shape() == Shape{2, 100});
+  CHECK(models::create("resnet18", 10)->forward(x).shape() == Shape{2, 10});
+  Tensor g = ops::randn({3, 1, 28, 28});
+  CHECK(models::create("cnn", 10, 1)->forward(g).shape() == Shape{3, 10});
+  CHECK(models::create("mlp", 10, 1)->forward(g).shape() == Shape{3, 10});
+  CHECK(models::create("resnet20", 10, 1)->forward(g).shape() == Shape{3, 10});
+  CHECK_THROWS_WITH_AS(models::create("resnet21"), doctest::Contains("available"), Error);
+}
+
+TEST_CASE("init: torchvision's (BN 1/0, He-normal fan_out convs); seeds reproduce") {
+  manual_seed(5);
+  auto a = models::cifar_resnet(20);
+  manual_seed(5);
+  auto b = models::cifar_resnet(20);
+  auto sa = a->state_dict(), sb = b->state_dict();
+  for (size_t i = 0; i < sa.size(); ++i) {
+    CHECK_MESSAGE(
+        ops::allclose(ops::to(sa[i].second, kFloat64), ops::to(sb[i].second, kFloat64), 0, 0),
+        sa[i].first);
+  }
+  CHECK(ops::sum_all(a->bn1->weight) == doctest::Approx(16));
+  CHECK(ops::sum_all(ops::abs(a->bn1->bias)) == 0);
+  // layer3 convs: fan_out = 64 * 9, std sqrt(2 / 576) ~ 0.0589.
+  Tensor w = a->layers[2]->named_parameters()[0].second;
+  CHECK(std::sqrt(ops::var(w).item<double>()) ==
+        doctest::Approx(std::sqrt(2.0 / 576)).epsilon(0.05));
+}
+
+TEST_CASE("state_dict round trip through safetensors") {
+  std::string path = "/tmp/ddplab_test_models_" + std::to_string(::getpid()) + ".safetensors";
+  manual_seed(1);
+  auto a = models::cifar_resnet(20);
+  manual_seed(2);
+  auto b = models::cifar_resnet(20);
+  nn::save(*a, path);
+  nn::load(*b, path);
+  autograd::NoGradGuard no_grad;
+  a->eval();
+  b->eval();
+  Tensor x = ops::randn({2, 3, 32, 32});
+  CHECK(ops::allclose((*a)(x), (*b)(x), 0, 0));
+  // A resnet32 checkpoint does not fit resnet20: one error naming the extra blocks.
+  auto c = models::cifar_resnet(32);
+  nn::save(*c, path);
+  try {
+    nn::load(*a, path);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    CHECK(msg.find("unexpected keys") != std::string::npos);
+    CHECK(msg.find("layer1.3.conv1.weight") != std::string::npos);
+    CHECK(msg.find(path) != std::string::npos);
+  }
+  std::remove(path.c_str());
+}

@@ -1,0 +1,377 @@
+// Tests of nn/functional.h: every op's hand-written backward against finite differences
+// (gradcheck, float64), the oneDNN convolution against the im2col reference, PyTorch's
+// conventions where they are easy to get subtly wrong (running statistics, count_include_pad,
+// adaptive windows, tie-breaking, label smoothing), and error messages.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#include "nn/conv.h"
+#include "nn/functional.h"
+#include "nn/onednn.h"
+#include "tensor/ops.h"
+
+using namespace ddplab;
+using F::Pair;
+using F::Reduction;
+
+namespace {
+
+Tensor randn64(const Shape& s, uint64_t seed, bool grad = true) {
+  Generator g(seed);
+  Tensor t = ops::randn(s, kFloat64, &g);
+  if (grad) t.set_requires_grad(true);
+  return t;
+}
+
+// Distinct values (a shuffled ramp) so that max pooling has no near-ties for finite differences.
+Tensor distinct64(const Shape& s, uint64_t seed) {
+  Generator g(seed);
+  int64_t n = shape_numel(s);
+  Tensor perm = ops::randperm(n, &g);
+  Tensor t = ops::reshape(ops::div(ops::to(perm, kFloat64), static_cast<double>(n)), s);
+  t = ops::clone(t);
+  t.set_requires_grad(true);
+  return t;
+}
+
+void check_grad(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                const std::vector<Tensor>& inputs) {
+  autograd::GradcheckResult r = autograd::gradcheck(f, inputs);
+  CHECK_MESSAGE(r.ok, r.message);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct ConvCfg {
+  int64_t n, c, h, w, o, kh, kw;
+  Pair stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+const std::vector<ConvCfg> kConvCfgs = {
+    {2, 3, 6, 5, 4, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, true},
+    {2, 3, 7, 7, 4, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true},
+    {1, 2, 7, 6, 3, 3, 2, {1, 2}, {2, 1}, {2, 1}, 1, false},
+    {2, 4, 5, 5, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, true},
+    {1, 4, 6, 6, 4, 3, 3, {2, 1}, {1, 1}, {1, 2}, 4, false},  // depthwise
+    {2, 3, 5, 5, 2, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},   // 1x1
+};
+
+}  // namespace
+
+TEST_CASE("conv2d: gradcheck of the im2col path (float64), stride/padding/dilation/groups") {
+  for (const ConvCfg& c : kConvCfgs) {
+    CAPTURE(c.groups);
+    CAPTURE(c.stride[0]);
+    Tensor x = randn64({c.n, c.c, c.h, c.w}, 1);
+    Tensor w = randn64({c.o, c.c / c.groups, c.kh, c.kw}, 2);
+    std::vector<Tensor> in{x, w};
+    if (c.bias) in.push_back(randn64({c.o}, 3));
+    check_grad(
+        [&c](const std::vector<Tensor>& v) {
+          return F::conv2d(v[0], v[1], v.size() > 2 ? v[2] : Tensor(), c.stride, c.padding,
+                           c.dilation, c.groups);
+        },
+        in);
+  }
+}
+
+TEST_CASE("conv2d_reference: gradcheck, and the im2col path agrees with it in float64") {
+  const ConvCfg& c = kConvCfgs[3];
+  Tensor x = randn64({c.n, c.c, c.h, c.w}, 4);
+  Tensor w = randn64({c.o, c.c / c.groups, c.kh, c.kw}, 5);
+  Tensor b = randn64({c.o}, 6);
+  check_grad(
+      [&c](const std::vector<Tensor>& v) {
+        return F::conv2d_reference(v[0], v[1], v[2], c.stride, c.padding, c.dilation, c.groups);
+      },
+      {x, w, b});
+  for (const ConvCfg& k : kConvCfgs) {
+    Tensor xi = randn64({k.n, k.c, k.h, k.w}, 7, false);
+    Tensor wi = randn64({k.o, k.c / k.groups, k.kh, k.kw}, 8, false);
+    Tensor a = F::conv2d(xi, wi, Tensor(), k.stride, k.padding, k.dilation, k.groups);
+    Tensor r = F::conv2d_reference(xi, wi, Tensor(), k.stride, k.padding, k.dilation, k.groups);
+    CHECK(a.shape() == r.shape());
+    CHECK(ops::max_abs_diff(a, r) < 1e-12);
+  }
+}
+
+TEST_CASE("conv2d: oneDNN (float32) matches conv2d_reference: forward and all three gradients") {
+  std::vector<ConvCfg> cfgs = kConvCfgs;
+  cfgs.push_back({4, 16, 12, 12, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false});  // blocked layout
+  cfgs.push_back({4, 16, 12, 12, 32, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true});
+  for (const ConvCfg& c : cfgs) {
+    CAPTURE(c.c);
+    CAPTURE(c.groups);
+    Generator g(11);
+    Tensor x0 = ops::randn({c.n, c.c, c.h, c.w}, kFloat32, &g);
+    Tensor w0 = ops::randn({c.o, c.c / c.groups, c.kh, c.kw}, kFloat32, &g);
+    Tensor b0 = ops::randn({c.o}, kFloat32, &g);
+    Tensor gy;
+    std::vector<std::vector<Tensor>> results;
+    for (bool fast : {true, false}) {
+      Tensor x = ops::clone(x0).set_requires_grad(true);
+      Tensor w = ops::clone(w0).set_requires_grad(true);
+      Tensor b = ops::clone(b0).set_requires_grad(true);
+      Tensor y = fast ? F::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups)
+                      : F::conv2d_reference(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+      if (!gy.defined()) gy = ops::randn(y.shape(), kFloat32, &g);
+      y.backward(gy);
+      results.push_back({y, x.grad(), w.grad(), b.grad()});
+    }
+    const char* names[] = {"output", "grad input", "grad weight", "grad bias"};
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(names[i]);
+      REQUIRE(results[0][i].shape() == results[1][i].shape());
+      CHECK(ops::max_rel_error(results[0][i], results[1][i]) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("conv2d: oneDNN primitives are cached per shape") {
+  Generator g(1);
+  Tensor x = ops::randn({2, 8, 9, 9}, kFloat32, &g);
+  Tensor w = ops::randn({8, 8, 3, 3}, kFloat32, &g);
+  F::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  size_t n = nn::onednn::conv_cache_size();
+  F::conv2d(ops::randn({2, 8, 9, 9}, kFloat32, &g), w, Tensor(), {1, 1}, {1, 1});
+  CHECK(nn::onednn::conv_cache_size() == n);
+  F::conv2d(x, w, Tensor(), {2, 2}, {1, 1});
+  CHECK(nn::onednn::conv_cache_size() == n + 1);
+}
+
+TEST_CASE("conv2d: error messages name both shapes") {
+  Tensor x = ops::zeros({2, 3, 8, 8});
+  Tensor w = ops::zeros({4, 2, 3, 3});
+  std::string m = error_of([&] { F::conv2d(x, w); });
+  CHECK(m.find("[2, 3, 8, 8]") != std::string::npos);
+  CHECK(m.find("[4, 2, 3, 3]") != std::string::npos);
+  m = error_of([&] { F::conv2d(ops::zeros({2, 3, 2, 2}), ops::zeros({4, 3, 3, 3})); });
+  CHECK(m.find("larger than the padded input") != std::string::npos);
+  m = error_of([&] { F::conv2d(ops::zeros({3, 8, 8}), w); });
+  CHECK(m.find("4-D input") != std::string::npos);
+}
+
+TEST_CASE("batch_norm: gradcheck in training mode (4-D and 2-D), input, weight and bias") {
+  for (Shape s : {Shape{3, 2, 3, 2}, Shape{5, 3}}) {
+    CAPTURE(shape_str(s));
+    Tensor x = randn64(s, 21);
+    Tensor w = randn64({s[1]}, 22);
+    Tensor b = randn64({s[1]}, 23);
+    check_grad(
+        [](const std::vector<Tensor>& v) {
+          return F::batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true, 0.1, 1e-5);
+        },
+        {x, w, b});
+    // affine=false: only the input
+    check_grad(
+        [](const std::vector<Tensor>& v) {
+          return F::batch_norm(v[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
+        },
+        {randn64(s, 24)});
+  }
+}
+
+TEST_CASE("batch_norm: gradcheck in eval mode uses the running statistics") {
+  Tensor x = randn64({2, 3, 2, 2}, 31);
+  Tensor w = randn64({3}, 32);
+  Tensor b = randn64({3}, 33);
+  Tensor rm = ops::from_vector(std::vector<double>{0.1, -0.2, 0.3}, {3}, kFloat64);
+  Tensor rv = ops::from_vector(std::vector<double>{1.5, 0.5, 2.0}, {3}, kFloat64);
+  check_grad(
+      [&](const std::vector<Tensor>& v) { return F::batch_norm(v[0], rm, rv, v[1], v[2], false); },
+      {x, w, b});
+  // Value: (x - rm) / sqrt(rv + eps) * w + b
+  Tensor y = F::batch_norm(x.detach(), rm, rv, w.detach(), b.detach(), false, 0.1, 1e-5);
+  std::vector<double> xv = x.to_vector<double>(), yv = y.to_vector<double>();
+  std::vector<double> wv = w.to_vector<double>(), bv = b.to_vector<double>();
+  std::vector<double> m{0.1, -0.2, 0.3}, var{1.5, 0.5, 2.0};
+  for (size_t i = 0; i < xv.size(); ++i) {
+    size_t c = i / 4 % 3;
+    CHECK(yv[i] == doctest::Approx((xv[i] - m[c]) / std::sqrt(var[c] + 1e-5) * wv[c] + bv[c]));
+  }
+}
+
+TEST_CASE("batch_norm: running statistics update like PyTorch (momentum, unbiased variance)") {
+  Tensor x = ops::reshape(ops::arange(0, 16, 1, kFloat32), {2, 2, 2, 2});  // channel 0: 0..3, 8..11
+  Tensor rm = ops::full({2}, 1.0);
+  Tensor rv = ops::full({2}, 2.0);
+  Tensor y = F::batch_norm(x, rm, rv, Tensor(), Tensor(), true, 0.25, 1e-5);
+  // channel 0 values {0,1,2,3,8,9,10,11}: mean 5.5, biased var 17.25, unbiased 17.25*8/7
+  std::vector<float> m = rm.to_vector<float>(), v = rv.to_vector<float>();
+  CHECK(m[0] == doctest::Approx(0.75 * 1.0 + 0.25 * 5.5));
+  CHECK(m[1] == doctest::Approx(0.75 * 1.0 + 0.25 * 9.5));
+  CHECK(v[0] == doctest::Approx(0.75 * 2.0 + 0.25 * 17.25 * 8 / 7));
+  CHECK(v[1] == doctest::Approx(0.75 * 2.0 + 0.25 * 17.25 * 8 / 7));
+  // normalization uses the biased variance
+  CHECK(y.to_vector<float>()[0] == doctest::Approx((0 - 5.5) / std::sqrt(17.25 + 1e-5)));
+  // eval mode leaves the statistics alone
+  F::batch_norm(x, rm, rv, Tensor(), Tensor(), false);
+  CHECK(rm.to_vector<float>() == m);
+  // a single value per channel cannot be normalized in training
+  std::string e = error_of([&] {
+    F::batch_norm(ops::zeros({1, 2}), rm, rv, Tensor(), Tensor(), true);
+  });
+  CHECK(e.find("more than 1 value per channel") != std::string::npos);
+  e = error_of([&] { F::batch_norm(x, rm, rv, ops::ones({3}), Tensor(), true); });
+  CHECK(e.find("[3]") != std::string::npos);
+  CHECK(e.find("[2, 2, 2, 2]") != std::string::npos);
+}
+
+TEST_CASE("max_pool2d: gradcheck, and ties send the gradient to the first maximum") {
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::max_pool2d(v[0], {2, 2});
+      },
+      {distinct64({2, 2, 4, 6}, 41)});
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::max_pool2d(v[0], {3, 3}, {2, 2}, {1, 1});
+      },
+      {distinct64({1, 2, 7, 6}, 42)});
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::max_pool2d(v[0], {3, 2}, {1, 2}, {1, 0});
+      },
+      {distinct64({1, 1, 5, 6}, 43)});
+  Tensor x = ops::ones({1, 1, 2, 2}, kFloat64).set_requires_grad(true);
+  F::max_pool2d(x, {2, 2}).backward(ops::ones({1, 1, 1, 1}, kFloat64));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 0, 0, 0});
+}
+
+TEST_CASE("avg_pool2d: gradcheck, count_include_pad=True divisor") {
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::avg_pool2d(v[0], {3, 3}, {2, 2}, {1, 1});
+      },
+      {randn64({2, 2, 5, 6}, 51)});
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::avg_pool2d(v[0], {2, 2});
+      },
+      {randn64({1, 2, 4, 5}, 52)});
+  // Corner window of a 3x3 kernel with padding 1 covers 4 real pixels but divides by 9.
+  Tensor y = F::avg_pool2d(ops::ones({1, 1, 4, 4}, kFloat64), {3, 3}, {1, 1}, {1, 1});
+  CHECK(y.to_vector<double>()[0] == doctest::Approx(4.0 / 9.0));
+  // Window running past the padding (5 = 2*2+1 with kernel 2, stride 2, padding 1): divisor
+  // counts only up to the padded edge, like PyTorch's hend = min(hstart + k, H + pad).
+  Tensor z = F::avg_pool2d(ops::ones({1, 1, 5, 5}, kFloat64), {2, 2}, {2, 2}, {1, 1});
+  CHECK(z.shape() == Shape{1, 1, 3, 3});
+  CHECK(z.to_vector<double>()[0] == doctest::Approx(0.25));
+}
+
+TEST_CASE("adaptive_avg_pool2d: gradcheck and PyTorch's window formula") {
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::adaptive_avg_pool2d(v[0], {3, 2});
+      },
+      {randn64({2, 2, 7, 5}, 61)});
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::adaptive_avg_pool2d(v[0], {1, 1});
+      },
+      {randn64({2, 3, 4, 4}, 62)});
+  // 1-D analogue along W: In=5, Out=3 windows [0,2), [1,4), [3,5)
+  Tensor x = ops::reshape(ops::arange(0, 5, 1, kFloat64), {1, 1, 1, 5});
+  Tensor y = F::adaptive_avg_pool2d(x, {1, 3});
+  CHECK(y.to_vector<double>() == std::vector<double>{0.5, 2.0, 3.5});
+}
+
+TEST_CASE("relu, log_softmax: gradcheck") {
+  Tensor x = randn64({3, 4}, 71);
+  check_grad([](const std::vector<Tensor>& v) { return F::relu(v[0]); }, {x});
+  check_grad([](const std::vector<Tensor>& v) { return F::log_softmax(v[0], -1); },
+             {randn64({3, 5}, 72)});
+  check_grad([](const std::vector<Tensor>& v) { return F::log_softmax(v[0], 1); },
+             {randn64({2, 4, 3}, 73)});
+  // rows of exp(log_softmax) sum to 1, also for huge logits
+  Tensor big = ops::mul(randn64({2, 6}, 74, false), 1000.0);
+  Tensor p = ops::exp(F::log_softmax(big));
+  std::vector<double> s = ops::sum(p, {1}).to_vector<double>();
+  CHECK(s[0] == doctest::Approx(1.0));
+  CHECK(s[1] == doctest::Approx(1.0));
+}
+
+TEST_CASE("cross_entropy: gradcheck for each reduction, with and without label smoothing") {
+  Tensor target = ops::from_vector(std::vector<int64_t>{2, 0, 4, 1}, {4}, kInt64);
+  for (double eps : {0.0, 0.1}) {
+    for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+      CAPTURE(eps);
+      CAPTURE(static_cast<int>(r));
+      check_grad(
+          [&](const std::vector<Tensor>& v) { return F::cross_entropy(v[0], target, r, eps); },
+          {randn64({4, 5}, 81)});
+    }
+  }
+  // value: (1-eps) * nll + eps * mean_c(-log p_c), averaged over rows
+  Tensor x = randn64({4, 5}, 82, false);
+  Tensor lp = F::log_softmax(x, 1);
+  std::vector<double> l = lp.to_vector<double>();
+  double expect = 0;
+  std::vector<int64_t> t{2, 0, 4, 1};
+  for (int r = 0; r < 4; ++r) {
+    double smooth = 0;
+    for (int c = 0; c < 5; ++c) smooth -= l[r * 5 + c] / 5;
+    expect += 0.9 * -l[r * 5 + t[r]] + 0.1 * smooth;
+  }
+  CHECK(F::cross_entropy(x, target, Reduction::Mean, 0.1).item<double>() ==
+        doctest::Approx(expect / 4));
+  CHECK(F::cross_entropy(x, target, Reduction::Sum, 0.1).item<double>() == doctest::Approx(expect));
+  std::string e = error_of([&] { F::cross_entropy(x, ops::zeros({3}, kInt64)); });
+  CHECK(e.find("[3]") != std::string::npos);
+  CHECK(e.find("[4, 5]") != std::string::npos);
+  e = error_of([&] {
+    F::cross_entropy(x, ops::from_vector(std::vector<int64_t>{0, 5, 1, 1}, {4}, kInt64));
+  });
+  CHECK(e.find("out of range") != std::string::npos);
+}
+
+TEST_CASE("linear: gradcheck (2-D and 3-D input, with and without bias), shape errors") {
+  check_grad([](const std::vector<Tensor>& v) { return F::linear(v[0], v[1], v[2]); },
+             {randn64({3, 4}, 91), randn64({5, 4}, 92), randn64({5}, 93)});
+  check_grad([](const std::vector<Tensor>& v) { return F::linear(v[0], v[1]); },
+             {randn64({2, 3, 4}, 94), randn64({2, 4}, 95)});
+  std::string e = error_of([] { F::linear(ops::zeros({4, 3}), ops::zeros({5, 7})); });
+  CHECK(e.find("[4, 3]") != std::string::npos);
+  CHECK(e.find("[5, 7]") != std::string::npos);
+}
+
+TEST_CASE("dropout: gradcheck with a fixed mask, scaling, eval is the identity") {
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        Generator g(1234);  // the same seed each call: the same mask
+        return F::dropout(v[0], 0.3, true, &g);
+      },
+      {randn64({4, 6}, 101)});
+  Tensor x = ops::ones({1000});
+  Generator g(5);
+  std::vector<float> y = F::dropout(x, 0.25, true, &g).to_vector<float>();
+  int kept = 0;
+  for (float v : y) {
+    CHECK((v == 0.0f || v == doctest::Approx(1 / 0.75)));
+    kept += v != 0.0f;
+  }
+  CHECK(kept > 650);
+  CHECK(kept < 850);
+  CHECK(F::dropout(x, 0.5, false).is_same(x));
+}
+
+TEST_CASE("accuracy") {
+  Tensor logits = ops::from_vector(std::vector<float>{0, 1, 2, 5, 1, 0, 0, 3, 1}, {3, 3});
+  Tensor target = ops::from_vector(std::vector<int64_t>{2, 0, 0}, {3}, kInt64);
+  CHECK(F::accuracy(logits, target) == doctest::Approx(2.0 / 3.0));
+}
