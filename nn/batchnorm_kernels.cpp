@@ -19,6 +19,10 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
+#if defined(DDPLAB_CUDA)
+#include "nn/cudnn.h"
+#endif
+
 namespace ddplab::nn::functional {
 
 namespace {
@@ -160,7 +164,9 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   DDP_CHECK(x_in.dim() == 2 || x_in.dim() == 4 || x_in.dim() == 3,
             "batch_norm: expected input [N, C], [N, C, L] or [N, C, H, W], got shape "
                 << shape_str(x_in.shape()));
+#if !defined(DDPLAB_CUDA)
   DDP_CHECK(!x_in.is_cuda(), "batch_norm: not implemented on CUDA yet; run it on the CPU");
+#endif
   DDP_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64,
             "batch_norm: supports float32 and float64, got " << dtype_name(x_in.dtype()));
   BnShape d{x_in.size(0), x_in.size(1), 1};
@@ -184,6 +190,13 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
               "got input of shape "
                   << shape_str(x_in.shape()));
   }
+
+#if defined(DDPLAB_CUDA)
+  if (x_in.is_cuda()) {
+    return cudnn::batch_norm(x_in, running_mean, running_var, weight_in, bias_in, weight, bias,
+                             training, use_batch_stats, momentum, eps);
+  }
+#endif
 
   Tensor x = ops::contiguous(x_in);
   std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));

@@ -19,6 +19,10 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
+#if defined(DDPLAB_CUDA)
+#include "nn/cudnn.h"
+#endif
+
 namespace ddplab::nn {
 
 using functional::Pair;
@@ -62,9 +66,11 @@ Conv2dParams check_conv2d_args(const Tensor& x, const Tensor& w, const Tensor& b
                   << stride[0] << ", " << stride[1] << "], padding [" << padding[0] << ", "
                   << padding[1] << "], dilation [" << dilation[0] << ", " << dilation[1] << "]");
   }
+#if !defined(DDPLAB_CUDA)
   DDP_CHECK(!x.is_cuda(),
             "conv2d: not implemented on CUDA yet (cuDNN convolution is pending); "
             "run the convolution on the CPU");
+#endif
   Conv2dParams p;
   p.n = x.size(0), p.c = x.size(1), p.h = x.size(2), p.w = x.size(3);
   p.o = w.size(0), p.kh = w.size(2), p.kw = w.size(3);
@@ -233,6 +239,10 @@ void im2col_conv2d_backward_weights(const Conv2dParams& p, const Tensor& x, cons
 Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
                    Pair stride, Pair padding, Pair dilation, int64_t groups) {
   Conv2dParams p = check_conv2d_args(x_in, w_in, b_in, stride, padding, dilation, groups);
+#if defined(DDPLAB_CUDA)
+  // CUDA tensors go to cuDNN (nn/cudnn_conv.cpp) whichever kernel was asked for.
+  if (x_in.is_cuda()) return cudnn::conv2d(p, x_in, w_in, b_in);
+#endif
   // oneDNN serves float32; float64 (gradcheck) takes the im2col path.
   use_onednn = use_onednn && x_in.dtype() == kFloat32;
   // The kernels read plain row-major arrays: make the operands contiguous (a no-op usually).

@@ -110,13 +110,93 @@ void cross_entropy_backward(const T* x, const int64_t* t, const double* lse, con
   }
 }
 
+#if defined(DDPLAB_CUDA)
+// The CUDA paths: the same maths composed from ops:: calls, which all run on CUDA (no kernels of
+// their own). Sums accumulate in the reduction kernels' precision rather than in double.
+
+void check_cuda_dtype(const Tensor& x, const char* what) {
+  DDP_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64,
+            what << ": supports float32 and float64 on CUDA, got " << dtype_name(x.dtype()));
+}
+
+// logsumexp over `dim`, kept as a size-1 dim: max + log(sum(exp(x - max))).
+Tensor logsumexp_keepdim(const Tensor& x, int64_t dim) {
+  Tensor mx = ops::amax(x, {dim}, true);
+  return ops::add(ops::log(ops::sum(ops::exp(ops::sub(x, mx)), {dim}, true)), mx);
+}
+
+Tensor log_softmax_cuda(const Tensor& x_in, int64_t dim) {
+  check_cuda_dtype(x_in, "log_softmax");
+  Tensor y = ops::sub(x_in, logsumexp_keepdim(x_in, dim));
+  if (!autograd::needs_grad({x_in})) return y;
+  return autograd::record(
+      "LogSoftmaxBackward", y, {x_in}, {y},
+      [dim](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
+        // dx = dy - softmax * sum(dy), with softmax = exp(y).
+        Tensor dx = ops::sub(grad, ops::mul(ops::exp(s[0]), ops::sum(grad, {dim}, true)));
+        return autograd::Grads{dx};
+      });
+}
+
+Tensor cross_entropy_cuda(const Tensor& logits, const Tensor& target, Reduction reduction,
+                          double eps) {
+  check_cuda_dtype(logits, "cross_entropy");
+  DDP_CHECK(target.device() == logits.device(), "cross_entropy: target is on "
+                                                    << target.device() << " but the logits on "
+                                                    << logits.device());
+  const int64_t rows = logits.size(0), c = logits.size(1);
+  Tensor t = ops::reshape(target, {rows, 1});
+  if (rows > 0) {
+    // One small device-to-host copy (it waits for the stream) to reject bad class indices.
+    std::vector<int64_t> range =
+        ops::to(ops::stack({ops::amin(target), ops::amax(target)}), kCPU).to_vector<int64_t>();
+    DDP_CHECK(range[0] >= 0 && range[1] < c,
+              "cross_entropy: targets range over ["
+                  << range[0] << ", " << range[1] << "], out of range for " << c
+                  << " classes (logits " << shape_str(logits.shape()) << ")");
+  }
+  // loss_r = (1 - eps) * (lse_r - x[r, t_r]) + eps * (lse_r - mean_c x[r, c]).
+  Tensor lse = logsumexp_keepdim(logits, 1);  // [N, 1]
+  Tensor loss = ops::mul(ops::sub(lse, ops::gather(logits, 1, t)), 1 - eps);
+  if (eps > 0) loss = ops::add(loss, ops::mul(ops::sub(lse, ops::mean(logits, {1}, true)), eps));
+  loss = ops::reshape(loss, {rows});
+  Tensor out = reduction == Reduction::None  ? loss
+               : reduction == Reduction::Sum ? ops::sum(loss)
+                                             : ops::mean(loss);
+  if (!autograd::needs_grad({logits})) return out;
+  const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(rows) : 1.0;
+  const bool scalar_grad = reduction != Reduction::None;
+  return autograd::record(
+      "CrossEntropyBackward", out, {logits}, {logits, t, lse},
+      [rows, c, scale, scalar_grad, eps](const Tensor& grad, const autograd::Saved& s,
+                                         const autograd::Needs&) {
+        const Tensor& x = s[0];
+        // d loss_r / d x[r, k] = softmax_k - (1 - eps) * [k == t_r] - eps / C, times the row's
+        // weight; the one-hot matrix compares a row of class indices with the column of targets.
+        Tensor d = ops::exp(ops::sub(x, s[2]));
+        Tensor classes = ops::reshape(
+            ops::arange(0, static_cast<double>(c), 1, TensorOptions(kInt64, x.device())), {1, c});
+        ops::sub_(d, ops::to(ops::eq(classes, s[1]), x.dtype()), 1 - eps);
+        if (eps > 0) ops::add_(d, -eps / static_cast<double>(c));
+        ops::mul_(d, ops::reshape(grad, {scalar_grad ? 1 : rows, 1}));
+        if (scale != 1.0) ops::mul_(d, scale);
+        return autograd::Grads{d};
+      });
+}
+#endif  // DDPLAB_CUDA
+
 }  // namespace
 
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
   DDP_CHECK(x_in.defined() && x_in.dim() >= 1,
             "log_softmax: expected a tensor with at least 1 dim");
+#if !defined(DDPLAB_CUDA)
   DDP_CHECK(!x_in.is_cuda(), "log_softmax: not implemented on CUDA yet; run it on the CPU");
+#endif
   dim = wrap_dim(dim, x_in.dim(), "log_softmax");
+#if defined(DDPLAB_CUDA)
+  if (x_in.is_cuda()) return log_softmax_cuda(x_in, dim);
+#endif
   Tensor x = ops::contiguous(x_in);
   Axis a = axis_of(x.shape(), dim);
   Tensor y = ops::empty(x.shape(), x.options());
@@ -147,9 +227,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                                      << logits.size(0) << "])");
   DDP_CHECK(target.dtype() == kInt64, "cross_entropy: target must be int64 class indices, got "
                                           << dtype_name(target.dtype()));
+#if !defined(DDPLAB_CUDA)
   DDP_CHECK(!logits.is_cuda(), "cross_entropy: not implemented on CUDA yet; run it on the CPU");
+#endif
   DDP_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
             "cross_entropy: label_smoothing must be in [0, 1], got " << label_smoothing);
+#if defined(DDPLAB_CUDA)
+  if (logits.is_cuda()) return cross_entropy_cuda(logits, target, reduction, label_smoothing);
+#endif
   const int64_t rows = logits.size(0), c = logits.size(1);
   Tensor x = ops::contiguous(logits);
   Tensor t = ops::contiguous(target);

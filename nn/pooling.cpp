@@ -20,6 +20,10 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
+#if defined(DDPLAB_CUDA)
+#include "nn/cudnn.h"
+#endif
+
 namespace ddplab::nn::functional {
 
 namespace {
@@ -33,7 +37,9 @@ PoolShape check_pool(const char* what, const Tensor& x, Pair kernel, Pair& strid
   DDP_CHECK(x.defined() && x.dim() == 4,
             what << ": expected a 4-D input [N, C, H, W], got shape "
                  << (x.defined() ? shape_str(x.shape()) : std::string("(undefined)")));
+#if !defined(DDPLAB_CUDA)
   DDP_CHECK(!x.is_cuda(), what << ": not implemented on CUDA yet; run it on the CPU");
+#endif
   if (stride[0] == 0 && stride[1] == 0) stride = kernel;
   for (int i = 0; i < 2; ++i) {
     DDP_CHECK(kernel[i] >= 1 && stride[i] >= 1,
@@ -200,6 +206,12 @@ Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, W
 
 Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
   PoolShape s = check_pool("max_pool2d", x_in, kernel, stride, padding);
+#if defined(DDPLAB_CUDA)
+  if (x_in.is_cuda()) {
+    return cudnn::pool2d(cudnn::PoolMode::Max, "max_pool2d", x_in, kernel, stride, padding, s.oh,
+                         s.ow);
+  }
+#endif
   Tensor x = ops::contiguous(x_in);
   Tensor y = ops::empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
   Tensor arg = ops::empty(y.shape(), kInt64);
@@ -222,6 +234,12 @@ Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
 
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   PoolShape s = check_pool("avg_pool2d", x, kernel, stride, padding);
+#if defined(DDPLAB_CUDA)
+  if (x.is_cuda()) {
+    return cudnn::pool2d(cudnn::PoolMode::AvgIncludePadding, "avg_pool2d", x, kernel, stride,
+                         padding, s.oh, s.ow);
+  }
+#endif
   return avg_pool_with("AvgPool2DBackward", x, s, avg_windows(s, kernel, stride, padding));
 }
 
@@ -229,13 +247,28 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
   DDP_CHECK(x.defined() && x.dim() == 4,
             "adaptive_avg_pool2d: expected a 4-D input [N, C, H, W], got shape "
                 << (x.defined() ? shape_str(x.shape()) : std::string("(undefined)")));
+#if !defined(DDPLAB_CUDA)
   DDP_CHECK(!x.is_cuda(), "adaptive_avg_pool2d: not implemented on CUDA yet; run it on the CPU");
+#endif
   DDP_CHECK(output_size[0] >= 1 && output_size[1] >= 1,
             "adaptive_avg_pool2d: output size must be positive, got [" << output_size[0] << ", "
                                                                        << output_size[1] << "]");
   PoolShape s{x.size(0) * x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
   DDP_CHECK(s.h >= 1 && s.w >= 1,
             "adaptive_avg_pool2d: input " << shape_str(x.shape()) << " has an empty plane");
+#if defined(DDPLAB_CUDA)
+  if (x.is_cuda()) {
+    // Output sizes dividing the input make every adaptive window [i*k, (i+1)*k): a plain average
+    // pool with kernel = stride = k. Other sizes have overlapping, uneven windows.
+    DDP_CHECK(s.h % s.oh == 0 && s.w % s.ow == 0,
+              "adaptive_avg_pool2d: not implemented on CUDA yet for output size ["
+                  << s.oh << ", " << s.ow << "] that does not divide the input "
+                  << shape_str(x.shape()) << "; run it on the CPU");
+    const Pair k{s.h / s.oh, s.w / s.ow};
+    return cudnn::pool2d(cudnn::PoolMode::AvgIncludePadding, "adaptive_avg_pool2d", x, k, k, {0, 0},
+                         s.oh, s.ow);
+  }
+#endif
   return avg_pool_with("AdaptiveAvgPool2DBackward", x, s, adaptive_windows(s));
 }
 

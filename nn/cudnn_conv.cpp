@@ -1,0 +1,204 @@
+// conv2d on CUDA through cuDNN: forward, backward data, backward filter (nn/cudnn.h).
+//
+// The algorithm of each of the three calls is chosen once per problem (shape, stride, padding,
+// dilation, groups, dtype, device) with cuDNN's heuristics (cudnnGet*Algorithm_v7: no trial runs,
+// so no allocation or synchronization happens while choosing) and cached with its workspace size.
+// The workspace comes from ddplab's caching allocator. Bias is added (and its gradient summed)
+// with ordinary ops.
+#include <cudnn.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "autograd/function_node.h"
+#include "nn/cudnn.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/ops.h"
+
+namespace ddplab::nn::cudnn {
+
+namespace {
+
+using onednn::Conv2dParams;
+
+// The descriptors of one problem.
+struct ConvDescs {
+  ConvDescs(const Conv2dParams& p, DType t)
+      : x(t, p.n, p.c, p.h, p.w),
+        y(t, p.n, p.o, p.out_h(), p.out_w()),
+        w(t, p.o, p.c / p.groups, p.kh, p.kw),
+        conv(p, t) {}
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+};
+
+enum class Pass { Forward, BackwardData, BackwardFilter };
+
+struct Algo {
+  int algo = 0;  // the cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t value
+  size_t workspace = 0;
+};
+
+std::string cache_key(const Conv2dParams& p, DType t, int device, Pass pass) {
+  std::ostringstream s;
+  s << p.str() << '|' << dtype_name(t) << '|' << device << '|' << static_cast<int>(pass);
+  return s.str();
+}
+
+bool uses_tensor_ops(cudnnMathType_t m) {
+  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// Picks the first algorithm the heuristics rank as runnable (and not tensor-op math).
+template <class Perf>
+Algo pick(const std::vector<Perf>& perf, int count, const Conv2dParams& p, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && !uses_tensor_ops(perf[i].mathType)) {
+      return Algo{static_cast<int>(perf[i].algo), perf[i].memory};
+    }
+  }
+  DDP_FAIL("conv2d: cuDNN offers no " << what << " algorithm for " << p.str());
+}
+
+Algo choose(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, Pass pass) {
+  int max_count = 0, count = 0;
+  Algo a;
+  switch (pass) {
+    case Pass::Forward: {
+      DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(max_count));
+      DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+          h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), max_count, &count, perf.data()));
+      a = pick(perf, count, p, "forward");
+      DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+          h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+          static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), &a.workspace));
+      break;
+    }
+    case Pass::BackwardData: {
+      DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(max_count));
+      DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &count, perf.data()));
+      a = pick(perf, count, p, "backward-data");
+      DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), &a.workspace));
+      break;
+    }
+    case Pass::BackwardFilter: {
+      DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(max_count));
+      DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &count, perf.data()));
+      a = pick(perf, count, p, "backward-filter");
+      DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), &a.workspace));
+      break;
+    }
+  }
+  return a;
+}
+
+// The cached algorithm of (problem, pass); chosen on first use.
+Algo algo_for(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, DType t, int device,
+              Pass pass) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, Algo> cache;
+  const std::string key = cache_key(p, t, device, pass);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  Algo a = choose(h, d, p, pass);  // outside the lock: two threads may both choose, harmlessly
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace(key, a);
+  return a;
+}
+
+void* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.raw_data() : nullptr;
+}
+
+void forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& y) {
+  const int dev = x.device().index;
+  gpu::DeviceGuard guard(dev);
+  cudnnHandle_t h = handle(dev);
+  ConvDescs d(p, x.dtype());
+  const Algo a = algo_for(h, d, p, x.dtype(), dev, Pass::Forward);
+  Tensor ws = workspace(a.workspace, x.device());
+  const Blend s(x.dtype());
+  DDP_CUDNN_CHECK(
+      cudnnConvolutionForward(h, s.one(), d.x.get(), x.raw_data(), d.w.get(), w.raw_data(),
+                              d.conv.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a.algo),
+                              ptr_or_null(ws), a.workspace, s.zero(), d.y.get(), y.raw_data()));
+}
+
+void backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w, const Tensor& gx) {
+  const int dev = gy.device().index;
+  gpu::DeviceGuard guard(dev);
+  cudnnHandle_t h = handle(dev);
+  ConvDescs d(p, gy.dtype());
+  const Algo a = algo_for(h, d, p, gy.dtype(), dev, Pass::BackwardData);
+  Tensor ws = workspace(a.workspace, gy.device());
+  const Blend s(gy.dtype());
+  DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(
+      h, s.one(), d.w.get(), w.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
+      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ptr_or_null(ws), a.workspace, s.zero(),
+      d.x.get(), gx.raw_data()));
+}
+
+void backward_filter(const Conv2dParams& p, const Tensor& x, const Tensor& gy, const Tensor& gw) {
+  const int dev = x.device().index;
+  gpu::DeviceGuard guard(dev);
+  cudnnHandle_t h = handle(dev);
+  ConvDescs d(p, x.dtype());
+  const Algo a = algo_for(h, d, p, x.dtype(), dev, Pass::BackwardFilter);
+  Tensor ws = workspace(a.workspace, x.device());
+  const Blend s(x.dtype());
+  DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+      h, s.one(), d.x.get(), x.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), ptr_or_null(ws), a.workspace, s.zero(),
+      d.w.get(), gw.raw_data()));
+}
+
+}  // namespace
+
+Tensor conv2d(const Conv2dParams& p, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  check_dtype(x_in, "conv2d");
+  Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
+  Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
+  forward(p, x, w, y);
+  if (b_in.defined()) ops::add_(y, ops::reshape(b_in, {1, p.o, 1, 1}));
+
+  std::vector<Tensor> inputs{x_in, w_in};
+  if (b_in.defined()) inputs.push_back(b_in);
+  if (!autograd::needs_grad(inputs)) return y;
+  return autograd::record(
+      "ConvolutionBackward(cuDNN)", y, inputs, {x, w},
+      [p](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
+        const Tensor& x = s[0];
+        const Tensor& w = s[1];
+        Tensor gy = ops::contiguous(grad);
+        autograd::Grads g(needs.size());
+        if (needs[0]) {
+          g[0] = ops::empty(x.shape(), x.options());
+          backward_data(p, gy, w, g[0]);
+        }
+        if (needs[1]) {
+          g[1] = ops::empty(w.shape(), w.options());
+          backward_filter(p, x, gy, g[1]);
+        }
+        if (p.has_bias && needs[2]) g[2] = ops::sum(gy, {0, 2, 3});
+        return g;
+      });
+}
+
+}  // namespace ddplab::nn::cudnn
