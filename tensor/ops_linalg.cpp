@@ -31,6 +31,25 @@ DType gemm_dtype(DType t) {
   return t == kFloat64 ? kFloat64 : kFloat32;
 }
 
+// The backend's description of C[m, n] = op(A) @ op(B) for one (or the first) batch entry.
+GemmArgs gemm_args(DType dt, const MatrixRef& A, const MatrixRef& B, int64_t m, int64_t n,
+                   int64_t k, void* c, int64_t ldc) {
+  GemmArgs g;
+  g.dtype = dt;
+  g.trans_a = A.trans;
+  g.trans_b = B.trans;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = A.t.raw_data();
+  g.lda = A.ld;
+  g.b = B.t.raw_data();
+  g.ldb = B.ld;
+  g.c = c;
+  g.ldc = ldc;
+  return g;
+}
+
 }  // namespace
 
 void gemm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
@@ -52,21 +71,10 @@ void gemm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bo
   Tensor c =
       direct ? out : (beta == 0 ? empty({m, n}, {dt, out.device()}) : contiguous(to(out, dt)));
   MatrixRef A = as_matrix(to(at, dt)), B = as_matrix(to(bt, dt));
-  GemmArgs g;
-  g.dtype = dt;
-  g.trans_a = A.trans;
-  g.trans_b = B.trans;
-  g.m = m;
-  g.n = n;
-  g.k = k;
+  GemmArgs g =
+      gemm_args(dt, A, B, m, n, k, c.raw_data(), direct ? out.stride(0) : std::max<int64_t>(n, 1));
   g.alpha = alpha;
   g.beta = beta;
-  g.a = A.t.raw_data();
-  g.lda = A.ld;
-  g.b = B.t.raw_data();
-  g.ldb = B.ld;
-  g.c = c.raw_data();
-  g.ldc = direct ? out.stride(0) : std::max<int64_t>(n, 1);
   if (m > 0 && n > 0) {
     if (k == 0) {
       if (beta == 0)
@@ -105,19 +113,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   if (batch == 0 || m == 0 || n == 0 || k == 0) return to(out, is_floating(in_dt) ? in_dt : dt);
   MatrixRef A = as_matrix(to(a, dt)), B = as_matrix(to(b, dt));
   // Batched GEMM needs one stride between batch entries; a broadcast batch has stride 0.
-  GemmArgs g;
-  g.dtype = dt;
-  g.trans_a = A.trans;
-  g.trans_b = B.trans;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = A.t.raw_data();
-  g.lda = A.ld;
-  g.b = B.t.raw_data();
-  g.ldb = B.ld;
-  g.c = out.raw_data();
-  g.ldc = n;
+  GemmArgs g = gemm_args(dt, A, B, m, n, k, out.raw_data(), n);
   g.batch = batch;
   g.stride_a = A.t.stride(0);
   g.stride_b = B.t.stride(0);

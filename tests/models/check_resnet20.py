@@ -20,17 +20,10 @@ import subprocess
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "parity"))
-sys.path.insert(0, here)
-try:
-    import st  # the kernels engineer's reader (tests/parity/st.py)
+sys.path.insert(0, os.path.join(here, ".."))
+import st_io  # noqa: E402  (tests/st_io.py)
 
-    def load(path):
-        return st.load(path)[0]
-except ImportError:
-    import st_io
-
-    load = st_io.read
+load = st_io.read
 
 try:
     import torch

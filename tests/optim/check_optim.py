@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "models"))
+sys.path.insert(0, os.path.join(here, ".."))
 import st_io  # noqa: E402
 
 try:

@@ -15,8 +15,8 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import st  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import st_io  # noqa: E402
 
 try:
     import torch
@@ -96,7 +96,7 @@ def main():
         return 1
     print(proc.stdout.strip())
     torch.set_num_threads(1)
-    tensors, metadata = st.load(path)
+    tensors, metadata = st_io.read(path), st_io.read_metadata(path)
 
     rows, passed, failed = [], 0, 0
     for case in sorted(metadata):

@@ -58,3 +58,8 @@ def write(path, tensors, bf16=()):
     h = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(chunks))
+
+
+def read_metadata(path):
+    """The header's "__metadata__" (str -> str), empty when absent."""
+    return read_header(path).get("__metadata__", {})
