@@ -288,6 +288,7 @@ std::unordered_set<const TensorImpl*> reachable_leaves(const std::vector<Tensor>
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
+    if (n == nullptr) continue;
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
       leaves.insert(acc->variable().impl_ptr().get());
       continue;

@@ -51,7 +51,7 @@ int64_t reduced_count(const Shape& in, const std::vector<int64_t>& rdims) {
 }  // namespace
 
 Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   Shape keep = keepdim_shape(in, reduced_dims(in, dims, "sum"));
   return record("SumBackward", ops::sum(t, dims, keepdim), {t}, {},
                 [=](const Tensor& g, const Saved&, const Needs&) {
@@ -60,7 +60,7 @@ Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   auto rdims = reduced_dims(in, dims, "mean");
   Shape keep = keepdim_shape(in, rdims);
   double n = static_cast<double>(reduced_count(in, rdims));
@@ -71,11 +71,11 @@ Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& t, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   auto rdims = reduced_dims(in, dims, "var");
   Shape keep = keepdim_shape(in, rdims);
   double denom = static_cast<double>(reduced_count(in, rdims) - correction);
-  std::vector<int64_t> rd = rdims;
+  const std::vector<int64_t>& rd = rdims;
   // d var / dx_i = 2 (x_i - mean) / (N - correction)
   return record("VarBackward", ops::var(t, dims, correction, keepdim), {t}, {t},
                 [=](const Tensor& g, const Saved& s, const Needs&) {
@@ -89,7 +89,7 @@ namespace {
 
 // amax/amin: the gradient is shared evenly by the elements equal to the extreme value.
 Tensor extreme(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim, bool is_max) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   auto rdims = reduced_dims(in, dims, is_max ? "amax" : "amin");
   Shape keep = keepdim_shape(in, rdims);
   Tensor out = is_max ? ops::amax(t, dims, keepdim) : ops::amin(t, dims, keepdim);
@@ -104,7 +104,7 @@ Tensor extreme(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim, 
 // max/min along one dim: the gradient goes to the returned index (scatter-add into zeros).
 ops::ValuesIndices extreme_dim(const Tensor& t, int64_t dim, bool keepdim, bool is_max) {
   ops::ValuesIndices vi = is_max ? ops::max(t, dim, keepdim) : ops::min(t, dim, keepdim);
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   int64_t d = wrap_dim(dim, t.dim(), is_max ? "max" : "min");
   Shape keep = keepdim_shape(in, {d});
   vi.values = record(is_max ? "MaxBackward" : "MinBackward", vi.values, {t}, {vi.indices},

@@ -19,7 +19,7 @@ namespace {
 
 // For ops whose gradient is the output gradient reshaped back to the input's shape.
 Tensor record_reshape_like(const char* name, Tensor out, const Tensor& t) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   return record(name, std::move(out), {t}, {}, [in](const Tensor& g, const Saved&, const Needs&) {
     return Grads{ops::reshape(g, in)};
   });
@@ -28,7 +28,7 @@ Tensor record_reshape_like(const char* name, Tensor out, const Tensor& t) {
 // For window views: zeros of the input's shape with the gradient copied into the same window.
 template <class ViewFn>
 Tensor record_window(const char* name, Tensor out, const Tensor& t, ViewFn view) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   return record(name, std::move(out), {t}, {},
                 [in, view](const Tensor& g, const Saved&, const Needs&) {
                   Tensor gi = ops::zeros(in, g.options());
@@ -74,7 +74,7 @@ Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
 }
 
 Tensor expand(const Tensor& t, const Shape& shape) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   return record("ExpandBackward", ops::expand(t, shape), {t}, {},
                 [in](const Tensor& g, const Saved&, const Needs&) { return Grads{sum_to(g, in)}; });
 }
@@ -96,6 +96,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = ops::cat(tensors, dim);
   const int64_t d = wrap_dim(dim, out.dim(), "cat");
   std::vector<int64_t> sizes;
+  sizes.reserve(tensors.size());
   for (const Tensor& t : tensors) sizes.push_back(t.size(d));
   return record("CatBackward", out, tensors, {},
                 [=](const Tensor& g, const Saved&, const Needs& n) {
@@ -135,7 +136,7 @@ Tensor clone(const Tensor& t) {
 }
 
 Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   const int64_t d = wrap_dim(dim, t.dim(), "index_select");
   return record("IndexSelectBackward", ops::index_select(t, dim, index), {t}, {index},
                 [=](const Tensor& g, const Saved& s, const Needs&) {
@@ -151,7 +152,7 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
-  Shape in = t.shape();
+  const Shape& in = t.shape();
   const int64_t d = wrap_dim(dim, t.dim(), "gather");
   return record("GatherBackward", ops::gather(t, dim, index), {t}, {index},
                 [=](const Tensor& g, const Saved& s, const Needs&) {

@@ -26,7 +26,7 @@ int64_t strided_offset(const Tensor& t, int64_t i) {
 
 }  // namespace
 
-GradcheckResult gradcheck(std::function<Tensor(const std::vector<Tensor>&)> f,
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                           const std::vector<Tensor>& inputs, double eps, double atol, double rtol) {
   std::vector<Tensor> diff_inputs;
   std::vector<int> diff_index;

@@ -27,7 +27,7 @@ struct GradcheckResult {
   double numeric = 0;    // the finite-difference estimate
 };
 
-GradcheckResult gradcheck(std::function<Tensor(const std::vector<Tensor>&)> f,
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                           const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5,
                           double rtol = 1e-3);
 

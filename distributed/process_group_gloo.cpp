@@ -266,7 +266,7 @@ std::string ProcessGroupGloo::State::describe(const std::string& what, uint64_t 
 // --- construction and teardown ------------------------------------------------------------------
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
-                                   GlooOptions options)
+                                   const GlooOptions& options)
     : state_(std::make_shared<State>()) {
   DDP_CHECK(store != nullptr, "ProcessGroupGloo: a store is required");
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,

@@ -55,7 +55,8 @@ class ProcessGroupGloo : public ProcessGroup {
  public:
   // Connects the full mesh through `store`; blocks until all `size` ranks joined (or throws
   // after options.timeout).
-  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options = {});
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
+                   const GlooOptions& options = {});
   // Finishes the queued collectives; a worker stuck in a peerless collective is left to Gloo's
   // timeout (detached after a short grace, so a failing process can still exit).
   ~ProcessGroupGloo() override;

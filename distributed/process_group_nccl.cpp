@@ -199,7 +199,7 @@ void check_cuda_dense(const Tensor& t, int device, const char* what, const char*
 }  // namespace
 
 ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size,
-                                   NcclOptions options)
+                                   const NcclOptions& options)
     : state_(std::make_shared<State>()) {
   DDP_CHECK(store != nullptr, "ProcessGroupNCCL: a store is required");
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,

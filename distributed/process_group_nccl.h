@@ -33,7 +33,8 @@ struct NcclOptions {
 
 class ProcessGroupNCCL : public ProcessGroup {
  public:
-  ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size, NcclOptions options = {});
+  ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size,
+                   const NcclOptions& options = {});
   ~ProcessGroupNCCL() override;
   ProcessGroupNCCL(const ProcessGroupNCCL&) = delete;
   ProcessGroupNCCL& operator=(const ProcessGroupNCCL&) = delete;
