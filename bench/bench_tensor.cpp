@@ -3,8 +3,8 @@
 // ratios (the machine is shared: only ratios measured in one run mean anything).
 //
 //   build/bench/bench_tensor [--threads N] [--reps R]
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -62,14 +62,15 @@ void bench_sgemm(int64_t m, int64_t n, int64_t k, int threads, int reps) {
   openblas_set_num_threads(threads);
   fns.push_back([&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.f, pa, static_cast<int>(k), pb, static_cast<int>(n), 0.f, c2.data(),
-                static_cast<int>(n));
+                static_cast<int>(k), 1.f, pa, static_cast<int>(k), pb, static_cast<int>(n), 0.f,
+                c2.data(), static_cast<int>(n));
   });
 #endif
   auto t = interleaved(fns, reps);
   double flops = 2.0 * static_cast<double>(m * n * k);
-  std::printf("sgemm m=%ld n=%ld k=%ld threads=%d: ddplab %.1f GFLOP/s, oneDNN %.1f GFLOP/s", static_cast<long>(m),
-              static_cast<long>(n), static_cast<long>(k), threads, flops / t[0] * 1e-9, flops / t[1] * 1e-9);
+  std::printf("sgemm m=%ld n=%ld k=%ld threads=%d: ddplab %.1f GFLOP/s, oneDNN %.1f GFLOP/s",
+              static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), threads,
+              flops / t[0] * 1e-9, flops / t[1] * 1e-9);
   if (t.size() > 2) std::printf(", OpenBLAS %.1f GFLOP/s", flops / t[2] * 1e-9);
   std::printf("\n  ratio ddplab/oneDNN time %.3f", t[0] / t[1]);
   if (t.size() > 2) std::printf(", ddplab/OpenBLAS time %.3f", t[0] / t[2]);
@@ -81,17 +82,24 @@ void bench_add(int threads, int reps) {
   Tensor a = ops::rand({n}), b = ops::rand({n}), out = ops::empty({n});
   std::vector<float> src(static_cast<size_t>(n), 1.f), dst(static_cast<size_t>(n));
   std::vector<std::function<void()>> fns = {
-      [&] { Tensor r = ops::add(a, b); },              // allocates its output (cached)
-      [&] { ops::copy_(out, a); ops::add_(out, b); },  // two passes, no allocation
-      [&] { ops::add_(out, b); },                      // in place: read 2, write 1
+      [&] { Tensor r = ops::add(a, b); },  // allocates its output (cached)
+      [&] {
+        ops::copy_(out, a);
+        ops::add_(out, b);
+      },                           // two passes, no allocation
+      [&] { ops::add_(out, b); },  // in place: read 2, write 1
       [&] { std::memcpy(dst.data(), src.data(), static_cast<size_t>(n) * 4); },
   };
   auto t = interleaved(fns, reps);
   double gb = static_cast<double>(n) * 4 / 1e9;
-  std::printf("add 16M floats threads=%d: out-of-place %.1f GB/s (3 streams), in-place %.1f GB/s (3 streams), "
-              "memcpy %.1f GB/s (2 streams)\n",
-              threads, 3 * gb / t[0], 3 * gb / t[2], 2 * gb / t[3]);
-  std::printf("  ratio add time / memcpy time %.3f (a memory-bound add moves 1.5x memcpy's bytes)\n", t[0] / t[3]);
+  std::printf(
+      "add 16M floats threads=%d: out-of-place %.1f GB/s (3 streams), in-place %.1f GB/s (3 "
+      "streams), "
+      "memcpy %.1f GB/s (2 streams)\n",
+      threads, 3 * gb / t[0], 3 * gb / t[2], 2 * gb / t[3]);
+  std::printf(
+      "  ratio add time / memcpy time %.3f (a memory-bound add moves 1.5x memcpy's bytes)\n",
+      t[0] / t[3]);
 }
 
 }  // namespace

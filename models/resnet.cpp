@@ -17,7 +17,7 @@ std::shared_ptr<nn::Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride) {
 
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, nn::ModulePtr ds) {
+BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& ds) {
   conv1 = register_module("conv1", conv3x3(inplanes, planes, stride));
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes));
   conv2 = register_module("conv2", conv3x3(planes, planes, 1));
@@ -32,7 +32,7 @@ Tensor BasicBlock::forward(const Tensor& x) {
   return F::relu(out + identity);
 }
 
-Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, nn::ModulePtr ds) {
+Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& ds) {
   conv1 = register_module("conv1", conv1x1(inplanes, planes, 1));
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes));
   conv2 = register_module("conv2", conv3x3(planes, planes, stride));

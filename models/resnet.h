@@ -23,7 +23,7 @@ namespace ddplab::models {
 class BasicBlock : public nn::Module {
  public:
   static constexpr int64_t kExpansion = 1;
-  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, nn::ModulePtr downsample);
+  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& downsample);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "BasicBlock"; }
 
@@ -36,7 +36,7 @@ class BasicBlock : public nn::Module {
 class Bottleneck : public nn::Module {
  public:
   static constexpr int64_t kExpansion = 4;
-  Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, nn::ModulePtr downsample);
+  Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& downsample);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Bottleneck"; }
 

@@ -50,7 +50,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   std::vector<Tensor> inputs{x, w};
   if (b.defined()) inputs.push_back(b);
   if (!autograd::needs_grad(inputs)) return y;
-  Shape x_shape = x.shape();
+  const Shape& x_shape = x.shape();
   return autograd::record("AddmmBackward", y, inputs, {x2, wc},
                           [x_shape, in, out](const Tensor& grad, const autograd::Saved& s,
                                              const autograd::Needs& needs) {

@@ -189,7 +189,7 @@ Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, W
   DDP_NN_DISPATCH(x.dtype(), name,
                   avg_pool_forward(x.data_ptr<scalar_t>(), s, win, y.data_ptr<scalar_t>()));
   if (!autograd::needs_grad({x_in})) return y;
-  Shape in_shape = x.shape();
+  const Shape& in_shape = x.shape();
   return autograd::record(name, y, {x_in}, {},
                           [s, win = std::move(win), in_shape](
                               const Tensor& grad, const autograd::Saved&, const autograd::Needs&) {
@@ -219,7 +219,7 @@ Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
                   max_pool_forward(x.data_ptr<scalar_t>(), s, kernel, stride, padding,
                                    y.data_ptr<scalar_t>(), arg.data_ptr<int64_t>()));
   if (!autograd::needs_grad({x_in})) return y;
-  Shape in_shape = x.shape();
+  const Shape& in_shape = x.shape();
   return autograd::record(
       "MaxPool2DBackward", y, {x_in}, {arg},
       [s, in_shape](const Tensor& grad, const autograd::Saved& saved, const autograd::Needs&) {

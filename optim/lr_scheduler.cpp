@@ -46,7 +46,10 @@ StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
 }
 
 double StepLR::lr_at(int64_t epoch, size_t, double base_lr) const {
-  return base_lr * std::pow(gamma, static_cast<double>(epoch / step_size));
+  return base_lr *
+         std::pow(gamma,
+                  static_cast<double>(
+                      epoch / step_size));  // NOLINT(bugprone-integer-division): StepLR floors
 }
 
 MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> ms, double gamma)

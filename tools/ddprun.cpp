@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   cfg.argv = app.remaining();
   try {
     DDP_CHECK(!cfg.argv.empty(), "ddprun: missing the PROGRAM to run (see --help)");
-    DDP_CHECK(cfg.argv[0].rfind("-", 0) != 0, "ddprun: unknown flag '" << cfg.argv[0] << "'");
+    DDP_CHECK(cfg.argv[0].rfind('-', 0) != 0, "ddprun: unknown flag '" << cfg.argv[0] << "'");
     cfg.nproc_per_node = parse_nproc(nproc);
     if (standalone) {
       DDP_CHECK(cfg.nnodes == 1,

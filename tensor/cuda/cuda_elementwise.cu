@@ -145,7 +145,7 @@ template <class F>
 void binary_op(int device, const Tensor& out, const Tensor& x, const Tensor& y, double alpha,
                double beta) {
   DDP_DISPATCH_NUMERIC(x.dtype(), "binary",
-                           binary_typed<F, scalar_t>(device, out, x, y, alpha, beta));
+                       binary_typed<F, scalar_t>(device, out, x, y, alpha, beta));
 }
 
 }  // namespace

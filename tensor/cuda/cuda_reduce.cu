@@ -221,10 +221,10 @@ void arg_reduce(int device, bool is_max, const Tensor& out, const Tensor& in, in
   if (rows == 0) return;
   if (is_max) {
     DDP_DISPATCH_NUMERIC(in.dtype(), "argmax",
-                             arg_reduce_typed<true, scalar_t>(device, out, in, rows, cols));
+                         arg_reduce_typed<true, scalar_t>(device, out, in, rows, cols));
   } else {
     DDP_DISPATCH_NUMERIC(in.dtype(), "argmin",
-                             arg_reduce_typed<false, scalar_t>(device, out, in, rows, cols));
+                         arg_reduce_typed<false, scalar_t>(device, out, in, rows, cols));
   }
 }
 

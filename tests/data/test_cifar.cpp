@@ -61,7 +61,7 @@ TEST_CASE("CIFAR-10 train reads data_batch_1..5 in order, also from cifar-10-bat
   for (int k = 1; k <= 5; ++k)
     write_bytes(dir / ("cifar-10-batches-bin/data_batch_" + std::to_string(k) + ".bin"),
                 cifar_file({{static_cast<uint8_t>(k)}, {static_cast<uint8_t>(k + 4)}},
-                           static_cast<size_t>(2 * (k - 1))));
+                           2 * static_cast<size_t>(k - 1)));
   CIFAR10 train(dir.path(), true, Transform(), false);
   REQUIRE(train.size() == 10);
   CHECK(train.labels() == std::vector<int64_t>{1, 5, 2, 6, 3, 7, 4, 8, 5, 9});
