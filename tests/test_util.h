@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,16 @@ inline std::vector<Device> test_devices() {
   std::vector<Device> d{kCPU};
   if (cuda_is_available()) d.push_back(cuda(0));
   return d;
+}
+
+// The message of the ddplab::Error that `fn` throws; empty when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Checks that `fn` throws ddplab::Error and that its message contains every fragment.

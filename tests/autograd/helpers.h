@@ -9,15 +9,12 @@
 #include "autograd/gradcheck.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
+#include "tests/test_util.h"
 
 namespace ddplab::test {
 
 // The devices op tests run on: the CPU, plus the first GPU when one is present.
-inline std::vector<Device> devices() {
-  std::vector<Device> d{kCPU};
-  if (cuda_is_available()) d.push_back(cuda(0));
-  return d;
-}
+using testing::test_devices;
 
 // A float64 CPU leaf that requires grad, filled with N(0, 1) from its own seed.
 inline Tensor leaf(const Shape& shape, uint64_t seed, TensorOptions opts = kFloat64) {

@@ -11,7 +11,8 @@
 #include "helpers.h"
 
 using namespace ddplab;
-using test::devices;
+using test::test_devices;
+using testing::error_of;
 
 namespace {
 
@@ -26,19 +27,10 @@ bool close(const Tensor& a, const Tensor& b) {
   return ops::allclose(ops::to(a, kCPU), ops::to(b, kCPU), 1e-5, 1e-6);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("gradients accumulate across backward calls") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = param({2, 3}, 1, dev);
     sum(x * 2.0).backward();
@@ -54,7 +46,7 @@ TEST_CASE("gradients accumulate across backward calls") {
 }
 
 TEST_CASE("AccumulateGrad stores a fresh tensor first, then adds in place") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = param({3}, 2, dev);
     Tensor g = ops::ones({3}, TensorOptions(kFloat32, dev));
@@ -71,7 +63,7 @@ TEST_CASE("AccumulateGrad stores a fresh tensor first, then adds in place") {
 }
 
 TEST_CASE("a freed graph cannot be backwarded twice; retain_graph keeps it") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = param({4}, 3, dev);
     Tensor y = sum(exp(x));
@@ -88,7 +80,7 @@ TEST_CASE("a freed graph cannot be backwarded twice; retain_graph keeps it") {
 }
 
 TEST_CASE("no_grad records nothing; detach leaves the graph") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = param({2, 2}, 4, dev);
     {
@@ -128,7 +120,7 @@ TEST_CASE("requires_grad rules and errors that name shapes") {
 }
 
 TEST_CASE("grad hooks can scale; non-leaf hooks see the summed gradient") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = param({3}, 6, dev);
     autograd::register_hook(x, [](const Tensor& g) { return ops::mul(g, 3.0); });
@@ -150,7 +142,7 @@ TEST_CASE("grad hooks can scale; non-leaf hooks see the summed gradient") {
 }
 
 TEST_CASE("post-accumulate hooks fire once per leaf per backward, last layer first") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = ops::randn({2, 4}, TensorOptions(kFloat32, dev));  // data: no grad
     Tensor w1 = param({4, 4}, 7, dev), w2 = param({4, 4}, 8, dev), w3 = param({4, 3}, 9, dev);
@@ -178,7 +170,7 @@ TEST_CASE("post-accumulate hooks fire once per leaf per backward, last layer fir
 }
 
 TEST_CASE("queue_callback runs after every node") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = ops::randn({2, 4}, TensorOptions(kFloat32, dev));
     Tensor w1 = param({4, 4}, 10, dev), w2 = param({4, 4}, 11, dev);
@@ -239,7 +231,7 @@ TEST_CASE("the diamond runs each node once and sums") {
 }
 
 TEST_CASE("differentiable ops give the right gradient on every device") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Tensor x = param({2, 3}, 19, dev), b = param({3}, 20, dev);
     Tensor y = sum(sigmoid(x * b) + mean(square(x), {1}, true));

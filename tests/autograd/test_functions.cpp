@@ -5,10 +5,10 @@
 #include "helpers.h"
 
 using namespace ddplab;
-using test::devices;
+using test::test_devices;
 
 TEST_CASE("differentiable ops compute what the raw ops compute") {
-  for (Device dev : devices()) {
+  for (Device dev : test_devices()) {
     INFO(dev.str());
     Generator gen(3);
     Tensor a = ops::randn({3, 4}, TensorOptions(kFloat32, dev), &gen);

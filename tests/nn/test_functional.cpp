@@ -15,10 +15,12 @@
 #include "nn/functional.h"
 #include "nn/onednn.h"
 #include "tensor/ops.h"
+#include "tests/test_util.h"
 
 using namespace ddplab;
 using F::Pair;
 using F::Reduction;
+using testing::error_of;
 
 namespace {
 
@@ -44,15 +46,6 @@ void check_grad(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                 const std::vector<Tensor>& inputs) {
   autograd::GradcheckResult r = autograd::gradcheck(f, inputs);
   CHECK_MESSAGE(r.ok, r.message);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 struct ConvCfg {
