@@ -48,34 +48,12 @@ def run_ddplab(build, mode, steps, nproc=1):
 
 # --- PyTorch --------------------------------------------------------------------------------------
 
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = None
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+def resnet20():
+    # The PyTorch twin of ddplab's resnet20, shared with the parity tests.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    import torch_models
 
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
-
-
-def resnet20(num_classes=10):
-    """CIFAR ResNet-20 (He et al. 2016): 3 stages of 3 basic blocks, 16/32/64 channels."""
-    layers = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
-    cin = 16
-    for cout, stride in ((16, 1), (32, 2), (64, 2)):
-        for b in range(3):
-            layers.append(BasicBlock(cin, cout, stride if b == 0 else 1))
-            cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
-    return nn.Sequential(*layers)
+    return torch_models.CifarResNet(20)
 
 
 def torch_steps(model, batch, steps, rank=0, barrier=None):

@@ -27,53 +27,12 @@ load = st_io.read
 
 try:
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 except ImportError:
     print("check_resnet20: PyTorch is not importable by %s (Debian: python3-torch)" % sys.executable)
     print("0 passed, 1 failed")
     sys.exit(1)
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return F.relu(out + identity)
-
-
-class ResNet20(nn.Module):
-    def __init__(self, num_classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        inplanes = 16
-        for i, planes in enumerate([16, 32, 64]):
-            blocks = []
-            for b in range(3):
-                stride = 2 if (i > 0 and b == 0) else 1
-                blocks.append(BasicBlock(inplanes, planes, stride))
-                inplanes = planes
-            setattr(self, "layer%d" % (i + 1), nn.Sequential(*blocks))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(64, num_classes)
-
-    def forward(self, x):
-        x = F.relu(self.bn1(self.conv1(x)))
-        x = self.layer3(self.layer2(self.layer1(x)))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+import torch_models  # noqa: E402  (tests/torch_models.py: needs torch)
 
 
 def rel_err(a, b):
@@ -86,7 +45,7 @@ def rel_err(a, b):
 
 def run(T, dtype):
     torch.manual_seed(0)
-    model = ResNet20().to(dtype)
+    model = torch_models.CifarResNet(20).to(dtype)
     before = {k[len("before."):]: torch.from_numpy(v) for k, v in T.items()
               if k.startswith("before.")}
     model.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v)
