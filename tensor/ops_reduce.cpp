@@ -68,9 +68,8 @@ ValuesIndices arg_reduce(bool is_max, const Tensor& t, int64_t dim, bool keepdim
             what << ": cannot reduce over an empty dimension of shape " << shape_str(t.shape()));
   Tensor idx = empty({p.rows}, {kInt64, t.device()});
   backend_for(t.device()).arg_reduce(is_max, idx, p.matrix, p.rows, p.cols);
-  Tensor values = empty({p.rows}, t.options());
-  backend_for(t.device())
-      .reduce(is_max ? ReduceOp::Max : ReduceOp::Min, values, p.matrix, p.rows, p.cols);
+  // The values are where the indices point: read them instead of reducing a second time.
+  Tensor values = gather(view(p.matrix, {p.rows, p.cols}), 1, view(idx, {p.rows, 1}));
   const Shape& shape = keepdim ? p.keepdim_shape : p.kept_shape;
   return {view(values, shape), view(idx, shape)};
 }
