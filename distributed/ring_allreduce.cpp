@@ -1,9 +1,9 @@
 // The ring all-reduce over Gloo's point-to-point messages (see ring_allreduce.h for the idea).
 //
-// Gloo's point-to-point API, in three calls:
+// Gloo's point-to-point API, in four steps:
 //   auto buf = ctx.createUnboundBuffer(ptr, bytes);   // register memory with the transport
-//   buf->send(peer, slot, offset, nbytes);            // start sending a byte range (returns at
-//   once) buf->recv(peer, slot, offset, nbytes);            // start receiving into a byte range
+//   buf->send(peer, slot, offset, nbytes);            // start sending a byte range (async)
+//   buf->recv(peer, slot, offset, nbytes);            // start receiving into a byte range (async)
 //   buf->waitSend(timeout) / buf->waitRecv(timeout)   // block until that transfer finished
 // A message goes to the recv posted by the peer with the same slot. One buffer object may have
 // only one send and one recv pending, so we use separate buffer objects for separate roles.

@@ -170,8 +170,9 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const Config& c, optim::Optimi
     // x0.1 at each third of training.
     int64_t every = std::max<int64_t>(main_steps / 3, 1);
     after = [every](int64_t s) {
+      // NOLINTNEXTLINE(bugprone-integer-division): whole steps, so the rate drops in stairs
       return std::pow(0.1, static_cast<double>(s / every));
-    };  // NOLINT(bugprone-integer-division): whole steps
+    };
   } else if (c.schedule == "multistep") {
     // x0.1 at 50% and 75% of training (He et al. 2016: 32k and 48k of 64k iterations).
     after = [main_steps](int64_t s) {

@@ -74,8 +74,7 @@ struct Predicate : Elementwise {
   static constexpr bool kPredicate = true;
 };
 
-// ---- unary: apply(x, a, b)
-// ------------------------------------------------------------------------
+// ---- unary: apply(x, a, b) ----------------------------------------------------------------------
 struct NegOp : Elementwise {
   template <class C>
   DDP_HD static C apply(C x, C, C) {
@@ -236,8 +235,7 @@ struct IsFiniteOp : Predicate {
   }
 };
 
-// ---- binary: apply(x, y, a, b)
-// --------------------------------------------------------------------
+// ---- binary: apply(x, y, a, b) ------------------------------------------------------------------
 struct AddOp : Elementwise {
   template <class C>
   DDP_HD static C apply(C x, C y, C alpha, C) {
@@ -341,8 +339,7 @@ struct TanhBackwardOp : FloatOnly {  // y: tanh's output
   }
 };
 
-// ---- reductions: an identity and an associative combine, so any executor may split the work
-// ------
+// ---- reductions: init() and an associative combine(), so any executor may split the work --------
 struct SumReduce {
   template <class A>
   DDP_HD static A init() {

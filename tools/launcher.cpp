@@ -5,9 +5,10 @@
 //   nproc_per_node             the first node's value; every node must match it
 //   round<N>/master_port       the fresh port node 0 picked for the workers' own store in round N
 //   round<N>/joined, /ready    the round's barrier: counter of nodes, set when all have joined
-//   round<N>/failed            "code;fatal;description" of the first failure (compare_set: one
-//   wins) round<N>/succeeded         counter of nodes whose workers all exited 0 exited counter of
-//   agents done with the store; node 0 waits for it
+//   round<N>/failed            "code;fatal;description" of the first failure (compare_set:
+//                              the first one wins)
+//   round<N>/succeeded         counter of nodes whose workers all exited 0
+//   exited                     counter of agents done with the store; node 0 waits for it
 #include "tools/launcher.h"
 
 #include <dirent.h>
