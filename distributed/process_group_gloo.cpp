@@ -560,7 +560,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output,
   // (ReduceScatterHalvingDoubling: pointers fixed at construction, no tag, no timeout). So we
   // all-reduce the concatenation of the inputs and keep our slice: the same result, at about
   // twice the traffic of a true reduce-scatter (a ring all-reduce is a reduce-scatter plus an
-  // all-gather). Good enough for the places ddplab uses it (tests, ZeRO-style experiments).
+  // all-gather). Good enough for its only caller today, the collective tests.
   return enqueue("reduce_scatter", [output, inputs, op](const std::shared_ptr<gloo::Context>& ctx,
                                                         uint32_t tag) {
     const size_t n = static_cast<size_t>(output.numel());

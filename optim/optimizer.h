@@ -69,7 +69,7 @@ class Optimizer {
   void save(const std::string& path) const;
   void load(const std::string& path);
 
-  // Per-parameter state, by flat index (exposed for tests and DDP's ZeRO-style experiments).
+  // Per-parameter state and step count, by flat index, for inspection (the tests read step_count).
   std::map<std::string, Tensor>& state(size_t flat_index) { return state_.at(flat_index); }
   int64_t step_count(size_t flat_index) const { return steps_.at(flat_index); }
 

@@ -59,7 +59,8 @@ class Backend {
   virtual void arg_reduce(bool is_max, const Tensor& out, const Tensor& in, int64_t rows,
                           int64_t cols) = 0;
   virtual void gemm(const GemmArgs& args) = 0;
-  // Fills contiguous t with element i = f(philox_block(seed, offset, ...)); see ops_random.cpp.
+  // Fills contiguous t with element i = random_element(kind, seed, offset, i, a, b) of
+  // tensor/random.h; the front-end is fill_random in tensor/ops_create.cpp.
   virtual void random(RandomKind kind, const Tensor& t, double a, double b, uint64_t seed,
                       uint64_t offset) = 0;
   // Views as [outer, n, inner] (contiguous). out[o, i, j] = in[o, index[i], j].

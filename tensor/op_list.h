@@ -1,7 +1,18 @@
 // The lists of elementwise operations, as X-macros: X(EnumName, Functor).
 //
-// The op enums (tensor/backend.h), the CPU backend and the CUDA backend all expand these lists,
-// so adding an op is one functor in tensor/functors.h plus one line here.
+// The op enums (tensor/backend.h), the op names and flags (tensor/ops_elementwise.cpp), the CPU
+// backend and the CUDA backend all expand these lists, so no executor needs editing for a new
+// op. Adding an elementwise op (sigmoid, say) still takes these steps:
+//   1. the functor, in tensor/functors.h (SigmoidOp);
+//   2. its line here: X(Sigmoid, SigmoidOp);
+//   3. the raw op: a declaration in tensor/ops.h (ops::sigmoid, and ops::sigmoid_ if it has an
+//      in-place form) and a wrapper in tensor/ops_elementwise.cpp calling unary_out / unary_inplace
+//      (binary ops: binary_out; a reduction: a wrapper in tensor/ops_reduce.cpp);
+//   4. if it is differentiable: the autograd function, declared in autograd/functions.h and
+//      defined in autograd/functions_*.cpp (forward through ops::, backward as a lambda; a new
+//      backward formula may itself need an op, as SigmoidBackward is);
+//   5. tests: the value against a double reference in tests/tensor/ (test_elementwise.cpp,
+//      test_reduce.cpp), and the gradient in tests/autograd/test_gradcheck.cpp.
 #pragma once
 
 // Unary ops: out = f(x; a, b), with a and b op parameters (clamp bounds, a scalar operand).

@@ -1,5 +1,6 @@
 // The CPU executor: runs the shared functors (tensor/functors.h) in OpenMP loops, GEMM through
-// oneDNN. Mirrors tensor/cuda/cuda_backend.cu, which runs the same functors in CUDA kernels.
+// oneDNN. Mirrors tensor/cuda/cuda_backend.cpp, which runs the same functors in CUDA kernels
+// (tensor/cuda/cuda_elementwise.cu, cuda_reduce.cu, cuda_index.cu).
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
