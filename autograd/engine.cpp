@@ -11,6 +11,8 @@
 //      whose dependency count reaches zero has all its gradients summed: it becomes ready.
 //   4. After the queue drains, run the callbacks queued during the pass (DDP's "wait for the
 //      last all-reduce").
+// autograd::grad() runs the same pass with a Capture (below): it keeps the gradients arriving at
+// its inputs and skips nodes that do not lead to them. backward(), DDP's path, has none.
 // Why the order matters: running the latest-created node first makes backward visit layers last
 // to first, so gradients become ready in the reverse of registration order, which is the order
 // DDP's buckets are laid out in (see docs/autograd.md).
@@ -26,24 +28,7 @@ namespace ddplab::autograd {
 
 namespace {
 
-struct GraphTask {
-  std::unordered_map<Node*, int> dependencies;
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;  // summed input gradients per node
-  std::vector<std::function<void()>> callbacks;
-  // grad() mode: capture the gradients arriving at these (node, slot) pairs and run only the
-  // nodes that lead to them; leaves' AccumulateGrad is never run, so .grad is left alone.
-  bool capture_mode = false;
-  std::unordered_map<Node*, bool> needed;
-};
-
-thread_local GraphTask* current_task = nullptr;
-
-// Restores the outer task (a hook may itself call backward, e.g. for gradient checkpointing).
-struct TaskScope {
-  GraphTask* prev;
-  explicit TaskScope(GraphTask* t) : prev(current_task) { current_task = t; }
-  ~TaskScope() { current_task = prev; }
-};
+struct Capture;
 
 // The ready queue entry: higher sequence_nr first; ties (several AccumulateGrad nodes) first in,
 // first out so that the order is deterministic.
@@ -55,6 +40,26 @@ struct ReadyItem {
     if (sequence_nr != o.sequence_nr) return sequence_nr < o.sequence_nr;
     return order > o.order;
   }
+};
+
+struct GraphTask {
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;  // summed input gradients per node
+  std::priority_queue<ReadyItem> ready;
+  uint64_t pushed = 0;  // ReadyItem::order of the next push
+  std::vector<std::function<void()>> callbacks;
+  Capture* capture = nullptr;  // set only by grad(); backward() leaves it null
+
+  void push_ready(Node* n) { ready.push({n->sequence_nr, pushed++, n}); }
+};
+
+thread_local GraphTask* current_task = nullptr;
+
+// Restores the outer task (a hook may itself call backward, e.g. for gradient checkpointing).
+struct TaskScope {
+  GraphTask* prev;
+  explicit TaskScope(GraphTask* t) : prev(current_task) { current_task = t; }
+  ~TaskScope() { current_task = prev; }
 };
 
 void add_into(std::vector<Tensor>& buffer, uint32_t slot, const Tensor& g) {
@@ -91,26 +96,50 @@ void count_dependencies(GraphTask& task, const std::vector<Edge>& roots,
   }
 }
 
-// grad() mode: a node is needed when it is a capture target or leads to one. Computed by
-// relaxing until nothing changes (simple and fine for the graph sizes gradcheck uses).
-void mark_needed(GraphTask& task, const std::vector<Node*>& nodes,
-                 const std::unordered_map<Node*, bool>& targets) {
-  for (Node* n : nodes) task.needed[n] = targets.count(n) > 0;
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    for (Node* n : nodes) {
-      if (task.needed[n]) continue;
-      for (const Edge& e : n->next_edges) {
-        if (e.valid() && task.needed[e.fn.get()]) {
-          task.needed[n] = true;
-          changed = true;
-          break;
+// What grad() adds to a pass: it keeps the gradients arriving at its inputs' (node, slot) pairs
+// and runs only the nodes that lead there. Leaves' AccumulateGrad never runs, so .grad is left
+// alone. backward() has no Capture: every reached node runs.
+struct Capture {
+  // node -> (input slot, index into `result`) of each gradient to keep.
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> targets;
+  std::vector<Tensor> result;
+  std::unordered_map<Node*, bool> needed;
+
+  // A node is needed when it is a target or leads to one. Computed by relaxing until nothing
+  // changes (simple and fine for the graph sizes gradcheck uses).
+  void mark_needed(const std::vector<Node*>& nodes) {
+    for (Node* n : nodes) needed[n] = targets.count(n) > 0;
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (Node* n : nodes) {
+        if (needed[n]) continue;
+        for (const Edge& e : n->next_edges) {
+          if (e.valid() && needed[e.fn.get()]) {
+            needed[n] = true;
+            changed = true;
+            break;
+          }
         }
       }
     }
   }
-}
+
+  // Keeps the node's target gradients; returns whether the node must run.
+  bool take(Node* node, const std::vector<Tensor>& inputs) {
+    auto t = targets.find(node);
+    if (t != targets.end()) {
+      for (auto [slot, out_index] : t->second) {
+        if (slot < inputs.size() && inputs[slot].defined()) result[out_index] = inputs[slot];
+      }
+    }
+    if (dynamic_cast<AccumulateGrad*>(node) != nullptr) return false;
+    for (const Edge& e : node->next_edges) {
+      if (e.valid() && needed[e.fn.get()]) return true;
+    }
+    return false;
+  }
+};
 
 Edge root_edge(const Tensor& root, size_t i) {
   DDP_CHECK(root.defined(), "backward: root " << i << " is an undefined tensor");
@@ -136,11 +165,69 @@ Tensor root_grad(const Tensor& root, const std::vector<Tensor>& grad_roots, size
   return ops::ones_like(root);
 }
 
-// Runs the task. `captures` (grad() mode) maps a node to the slots whose gradients to keep.
-void execute(GraphTask& task, const std::vector<Tensor>& roots,
-             const std::vector<Tensor>& grad_roots, bool retain_graph,
-             const std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>>& captures,
-             std::vector<Tensor>* captured) {
+// Step 2: the roots' buffers get grad_roots; roots with nothing to wait for are ready.
+void seed_roots(GraphTask& task, const std::vector<Edge>& edges, const std::vector<Tensor>& roots,
+                const std::vector<Tensor>& grad_roots) {
+  for (size_t i = 0; i < roots.size(); ++i) {
+    add_into(task.buffers[edges[i].fn.get()], edges[i].input_nr,
+             root_grad(roots[i], grad_roots, i));
+  }
+  std::unordered_map<Node*, bool> pushed;
+  for (const Edge& e : edges) {
+    Node* n = e.fn.get();
+    if (task.dependencies[n] == 0 && !pushed[n]) {
+      pushed[n] = true;
+      task.push_ready(n);
+    }
+  }
+}
+
+// Step 3 for one node: pre-hooks, apply() (for an AccumulateGrad: add into .grad, then the
+// post-accumulate hooks), and the produced gradients handed to the next nodes.
+void run_node(GraphTask& task, Node* node, bool retain_graph) {
+  std::vector<Tensor> inputs = std::move(task.buffers[node]);
+  task.buffers.erase(node);
+
+  for (auto& [slot, hook] : node->tensor_pre_hooks) {
+    if (slot < inputs.size() && inputs[slot].defined()) {
+      Tensor r = hook(inputs[slot]);
+      if (r.defined()) inputs[slot] = r;
+    }
+  }
+  // Only grad() may skip a node (and it keeps the gradients it wants here).
+  const bool run = task.capture == nullptr || task.capture->take(node, inputs);
+  bool any_input = false;
+  for (const Tensor& t : inputs) any_input = any_input || t.defined();
+
+  std::vector<Tensor> outputs;
+  if (run && any_input) {
+    outputs = node->apply(std::move(inputs));
+    if (!retain_graph) node->release_saved();
+    DDP_CHECK(
+        outputs.size() <= node->next_edges.size() || dynamic_cast<AccumulateGrad*>(node) != nullptr,
+        node->name() << " returned " << outputs.size() << " gradients for "
+                     << node->next_edges.size() << " inputs");
+  } else if (run && !retain_graph) {
+    node->release_saved();
+  }
+
+  for (size_t i = 0; i < node->next_edges.size(); ++i) {
+    const Edge& e = node->next_edges[i];
+    if (!e.valid()) continue;
+    Node* next = e.fn.get();
+    if (i < outputs.size() && outputs[i].defined()) {
+      add_into(task.buffers[next], e.input_nr, outputs[i]);
+    }
+    // The dependency is consumed even when no gradient flowed (an undefined gradient), so
+    // that nodes downstream of a non-differentiable path still run.
+    if (--task.dependencies[next] == 0) task.push_ready(next);
+  }
+}
+
+// The pass, steps 1 to 4 (see the top of this file). backward() and grad() both run it; grad()
+// sets task.capture first.
+void run_graph(GraphTask& task, const std::vector<Tensor>& roots,
+               const std::vector<Tensor>& grad_roots, bool retain_graph) {
   DDP_CHECK(!roots.empty(), "backward: no roots given");
   DDP_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(),
             "backward: " << roots.size() << " roots but " << grad_roots.size() << " grad_outputs");
@@ -149,90 +236,20 @@ void execute(GraphTask& task, const std::vector<Tensor>& roots,
 
   std::vector<Node*> nodes;
   count_dependencies(task, edges, nodes);
-  if (task.capture_mode) {
-    std::unordered_map<Node*, bool> targets;
-    for (const auto& kv : captures) targets[kv.first] = true;
-    mark_needed(task, nodes, targets);
-  }
+  if (task.capture != nullptr) task.capture->mark_needed(nodes);
 
   // Gradients run without recording a graph (no double backward in ddplab).
   NoGradGuard no_grad;
   TaskScope scope(&task);
 
-  for (size_t i = 0; i < roots.size(); ++i) {
-    add_into(task.buffers[edges[i].fn.get()], edges[i].input_nr,
-             root_grad(roots[i], grad_roots, i));
-  }
-  std::priority_queue<ReadyItem> ready;
-  uint64_t order = 0;
-  {
-    std::unordered_map<Node*, bool> pushed;
-    for (const Edge& e : edges) {
-      Node* n = e.fn.get();
-      if (task.dependencies[n] == 0 && !pushed[n]) {
-        pushed[n] = true;
-        ready.push({n->sequence_nr, order++, n});
-      }
-    }
+  seed_roots(task, edges, roots, grad_roots);
+  while (!task.ready.empty()) {
+    Node* node = task.ready.top().node;
+    task.ready.pop();
+    run_node(task, node, retain_graph);
   }
 
-  while (!ready.empty()) {
-    Node* node = ready.top().node;
-    ready.pop();
-    std::vector<Tensor> inputs = std::move(task.buffers[node]);
-    task.buffers.erase(node);
-
-    for (auto& [slot, hook] : node->tensor_pre_hooks) {
-      if (slot < inputs.size() && inputs[slot].defined()) {
-        Tensor r = hook(inputs[slot]);
-        if (r.defined()) inputs[slot] = r;
-      }
-    }
-    auto cap = captures.find(node);
-    if (cap != captures.end()) {
-      for (auto [slot, out_index] : cap->second) {
-        if (slot < inputs.size() && inputs[slot].defined()) (*captured)[out_index] = inputs[slot];
-      }
-    }
-
-    bool run = true;
-    if (task.capture_mode) {
-      // Run only what leads to a captured slot; never touch leaves' .grad.
-      run = dynamic_cast<AccumulateGrad*>(node) == nullptr;
-      if (run) {
-        run = false;
-        for (const Edge& e : node->next_edges) run = run || (e.valid() && task.needed[e.fn.get()]);
-      }
-    }
-    bool any_input = false;
-    for (const Tensor& t : inputs) any_input = any_input || t.defined();
-
-    std::vector<Tensor> outputs;
-    if (run && any_input) {
-      outputs = node->apply(std::move(inputs));
-      if (!retain_graph) node->release_saved();
-      DDP_CHECK(outputs.size() <= node->next_edges.size() ||
-                    dynamic_cast<AccumulateGrad*>(node) != nullptr,
-                node->name() << " returned " << outputs.size() << " gradients for "
-                             << node->next_edges.size() << " inputs");
-    } else if (run && !retain_graph) {
-      node->release_saved();
-    }
-
-    for (size_t i = 0; i < node->next_edges.size(); ++i) {
-      const Edge& e = node->next_edges[i];
-      if (!e.valid()) continue;
-      Node* next = e.fn.get();
-      if (i < outputs.size() && outputs[i].defined()) {
-        add_into(task.buffers[next], e.input_nr, outputs[i]);
-      }
-      // The dependency is consumed even when no gradient flowed (an undefined gradient), so
-      // that nodes downstream of a non-differentiable path still run.
-      if (--task.dependencies[next] == 0) ready.push({next->sequence_nr, order++, next});
-    }
-  }
-
-  // Callbacks may queue further callbacks; run until none are left.
+  // Step 4. Callbacks may queue further callbacks; run until none are left.
   for (size_t i = 0; i < task.callbacks.size(); ++i) {
     std::function<void()> cb = std::move(task.callbacks[i]);
     cb();
@@ -244,26 +261,26 @@ void execute(GraphTask& task, const std::vector<Tensor>& roots,
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph) {
   GraphTask task;
-  execute(task, roots, grad_roots, retain_graph, {}, nullptr);
+  run_graph(task, roots, grad_roots, retain_graph);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph) {
-  GraphTask task;
-  task.capture_mode = true;
-  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures;
+  Capture capture;
   for (size_t i = 0; i < inputs.size(); ++i) {
     DDP_CHECK(inputs[i].defined() && inputs[i].requires_grad(),
               "grad: input " << i << " does not require grad");
     Edge e = gradient_edge(inputs[i]);
-    captures[e.fn.get()].emplace_back(e.input_nr, i);
+    capture.targets[e.fn.get()].emplace_back(e.input_nr, i);
   }
   // Hold the edges' nodes alive: a leaf's AccumulateGrad may exist only through this edge.
   std::vector<std::shared_ptr<Node>> keep;
   for (size_t i = 0; i < inputs.size(); ++i) keep.push_back(gradient_edge(inputs[i]).fn);
-  std::vector<Tensor> result(inputs.size());
-  execute(task, outputs, grad_outputs, retain_graph, captures, &result);
-  return result;  // undefined where an input is not reached from the outputs
+  capture.result.resize(inputs.size());
+  GraphTask task;
+  task.capture = &capture;
+  run_graph(task, outputs, grad_outputs, retain_graph);
+  return capture.result;  // undefined where an input is not reached from the outputs
 }
 
 void queue_callback(std::function<void()> callback) {
