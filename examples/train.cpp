@@ -8,9 +8,10 @@
 //       --dataset fmnist --epochs 2      (DDP: 2 ranks, --batch-size per rank; docs/ddp.md)
 //
 // The loop is deliberately plain (build data, model, optimizer, schedule; then epochs of
-// forward / loss / backward / step) so that data parallelism can be added in a few lines: the
-// loop works on an `nn::Module&` (wrap it) and takes its order of training examples from an
-// optional data::Sampler (give each rank its share). See docs/training.md.
+// forward / loss / backward / step) so that data parallelism is a few lines on top: the loop
+// works on an `nn::Module&` (wrap it) and takes its order of training examples from a
+// data::Sampler (give each rank its share). Every line that single-process training would not
+// need is marked `// DDP:`; setup_distributed() joins the job. See docs/training.md.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -193,6 +194,30 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const Config& c, optim::Optimi
   });
 }
 
+// --- data parallelism ----------------------------------------------------------------------------
+
+// What a process needs to be one rank of a data-parallel job.
+struct Distributed {
+  std::shared_ptr<distributed::ProcessGroup> pg;  // null when training alone
+  int world = 1;
+  bool main_rank = true;  // rank 0 prints, evaluates and saves
+};
+
+// Under ddprun/torchrun (WORLD_SIZE > 1) this process is one rank of a DDP job: it joins the
+// process group, on its own GPU when training on CUDA. Alone, it changes nothing.
+Distributed setup_distributed(Device& device) {
+  const distributed::LaunchEnv env = distributed::launch_env_from_environment();
+  Distributed d;
+  if (env.world_size <= 1) return d;
+  if (device.is_cuda()) device = cuda(env.local_rank);  // one GPU per rank
+  distributed::InitOptions options;
+  options.device = device;
+  d.pg = distributed::init_process_group(options);
+  d.world = d.pg->size();
+  d.main_rank = d.pg->rank() == 0;
+  return d;
+}
+
 // --- progress -----------------------------------------------------------------------------------
 
 // On a terminal: one line rewritten in place. Otherwise (logs, CI): a line every ~10 s.
@@ -289,27 +314,19 @@ int main(int argc, char** argv) {
 
   try {
     if (c.threads > 0) set_num_threads(c.threads);
-    // Data parallelism: under ddprun/torchrun (WORLD_SIZE > 1) every process is one rank of a
-    // DDP job. Each trains on its share of every epoch; rank 0 prints, evaluates and saves.
-    const distributed::LaunchEnv env = distributed::launch_env_from_environment();
     Device device(c.device);
-    if (env.world_size > 1 && device.is_cuda()) device = cuda(env.local_rank);
-    std::shared_ptr<distributed::ProcessGroup> pg;
-    if (env.world_size > 1) {
-      distributed::InitOptions pg_opts;
-      pg_opts.device = device;
-      pg = distributed::init_process_group(pg_opts);
-    }
-    const int world = pg ? pg->size() : 1;
-    const bool main_rank = !pg || pg->rank() == 0;
+    const Distributed dist = setup_distributed(device);  // DDP: join the job (alone: nothing)
+    const auto& pg = dist.pg;                            // DDP:
+    const int world = dist.world;                        // DDP:
+    const bool main_rank = dist.main_rank;               // DDP:
     manual_seed(c.seed);
 
     // Data.
     Data d = load_data(c);
     int64_t n_train = c.subset > 0 ? std::min<int64_t>(c.subset, d.train->size()) : d.train->size();
     std::shared_ptr<const data::Sampler> train_sampler;
-    std::shared_ptr<distributed::DistributedSampler> dist_sampler;
-    if (pg) {  // this rank's share; padded so every rank runs the same number of steps
+    std::shared_ptr<distributed::DistributedSampler> dist_sampler;  // DDP:
+    if (pg) {  // DDP: this rank's share; padded so every rank runs the same number of steps
       dist_sampler = std::make_shared<distributed::DistributedSampler>(n_train, world, pg->rank(),
                                                                        !c.no_shuffle, c.seed);
       train_sampler = dist_sampler;
@@ -335,15 +352,17 @@ int main(int argc, char** argv) {
     auto net = models::create(c.model, d.train->num_classes(), sample[0], sample[1]);
     if (!c.init_from.empty()) nn::load(*net, c.init_from);
     net->to(device);
-    std::shared_ptr<distributed::DDP> ddp;  // broadcasts rank 0's weights (also after --init-from)
-    if (pg) ddp = std::make_shared<distributed::DDP>(net, pg);
-    nn::Module& model = ddp ? static_cast<nn::Module&>(*ddp) : *net;
-    if (main_rank) {
+    // DDP: wrap the model. The wrapper's constructor broadcasts rank 0's weights (also after
+    // --init-from); its forward and backward keep the ranks' gradients equal.
+    std::shared_ptr<distributed::DDP> ddp;                            // DDP:
+    if (pg) ddp = std::make_shared<distributed::DDP>(net, pg);        // DDP:
+    nn::Module& model = ddp ? static_cast<nn::Module&>(*ddp) : *net;  // DDP: the loop trains this
+    if (main_rank) {                                                  // DDP: rank 0 prints
       std::printf("model %s: %lld parameters; %s: %lld train / %lld test examples; device %s\n",
                   c.model.c_str(), static_cast<long long>(net->num_parameters()), c.dataset.c_str(),
                   static_cast<long long>(n_train), static_cast<long long>(d.test->size()),
                   device.str().c_str());
-      if (pg) {
+      if (pg) {  // DDP: the job's shape
         std::printf("DDP: %d ranks (%s), batch %lld per rank\n", world, pg->backend_name().c_str(),
                     static_cast<long long>(c.batch_size));
       }
@@ -363,7 +382,7 @@ int main(int argc, char** argv) {
     const auto run_start = Clock::now();
     for (int epoch = 0; epoch < c.epochs && step < total_steps; ++epoch) {
       train_loader.set_epoch(epoch);
-      if (dist_sampler) dist_sampler->set_epoch(epoch);
+      if (dist_sampler) dist_sampler->set_epoch(epoch);  // DDP: same new shuffle on every rank
       model.train();
       const auto epoch_start = Clock::now();
       double loss_sum = 0;
@@ -372,7 +391,7 @@ int main(int argc, char** argv) {
         data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
         Tensor logits = model(b.images);
         Tensor loss = F::cross_entropy(logits, b.labels);
-        loss.backward();
+        loss.backward();  // under DDP this also averages the gradients over the ranks
         opt.step();
         opt.zero_grad();
         sched->step();
@@ -388,14 +407,14 @@ int main(int argc, char** argv) {
         double run_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
         double eta = run_secs / static_cast<double>(step) * static_cast<double>(total_steps - step);
         bool last = step >= total_steps || epoch_steps == steps_per_epoch;
-        if (main_rank) {
+        if (main_rank) {  // DDP: rank 0 prints (ips * world: the whole job's speed)
           bar.update(epoch, epoch_steps, steps_per_epoch, loss_sum / static_cast<double>(seen),
                      static_cast<double>(correct) / static_cast<double>(seen), ips * world, eta,
                      last);
         }
         if (step >= total_steps) break;
       }
-      if (!main_rank) continue;  // rank 0 alone evaluates (the inner model: no communication)
+      if (!main_rank) continue;  // DDP: rank 0 alone evaluates (the inner model: no communication)
       bar.end_line();
       const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       const double test_acc = evaluate(*net, test_loader, device);
@@ -403,7 +422,7 @@ int main(int argc, char** argv) {
       const double train_loss = seen ? loss_sum / static_cast<double>(seen) : 0.0;
       const double train_acc =
           seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
-      const double ips = static_cast<double>(seen * world) / train_secs;
+      const double ips = static_cast<double>(seen * world) / train_secs;  // DDP: * world
       std::printf(
           "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
           "%.1f s, lr %.5f\n",
@@ -419,7 +438,7 @@ int main(int argc, char** argv) {
       }
       if (!c.save.empty()) nn::save(*net, c.save);
     }
-    if (pg) pg->barrier()->wait();  // rank 0 hosts the store: nobody leaves before the others
+    if (pg) pg->barrier()->wait();  // DDP: rank 0 hosts the store, so nobody leaves early
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "\nerror: " << e.what() << "\n";
