@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 #include "tensor/tensor.h"
 
 namespace ddplab::distributed {

@@ -27,7 +27,7 @@
 #include <thread>
 #include <utility>
 
-#include "distributed/gloo_store_adapter.h"
+#include "distributed/store/gloo_store_adapter.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 

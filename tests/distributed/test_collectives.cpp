@@ -27,7 +27,7 @@
 #include "distributed/process_group.h"
 #include "distributed/process_group_gloo.h"
 #include "distributed/ring_allreduce.h"
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 #include "tensor/backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
