@@ -18,8 +18,8 @@
 
 #include "autograd/functions.h"
 #include "distributed/ddp.h"
+#include "distributed/init_process_group.h"
 #include "distributed/naive_allreduce_grads.h"
-#include "distributed/process_group.h"
 #include "models/models.h"
 #include "nn/functional.h"
 #include "optim/sgd.h"

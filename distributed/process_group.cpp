@@ -1,17 +1,14 @@
-// init_process_group and the launcher environment: how a process learns its rank, finds the
-// job's store, and picks a backend.
+// The argument checks of every collective, written once for all backends: each public
+// collective checks, then hands its arguments to the backend's do_* method. A mistake such as a
+// non-contiguous gradient or a forgotten .to(device) thus reads the same on Gloo and NCCL, and
+// is caught on the calling thread, before the collective takes a sequence number (the peers
+// never see it).
 #include "distributed/process_group.h"
 
-#include <cerrno>
-#include <cstdlib>
+#include <sstream>
 #include <string>
 
-#include "distributed/process_group_gloo.h"
 #include "tensor/error.h"
-
-#if defined(DDPLAB_CUDA)
-#include "distributed/process_group_nccl.h"
-#endif
 
 namespace ddplab::distributed {
 
@@ -31,133 +28,116 @@ const char* reduce_op_name(ReduceOp op) {
 
 namespace {
 
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : nullptr;
+// "all_reduce on rank 1 (gloo): ", the start of every message below.
+std::string where(const ProcessGroup& pg, const char* collective) {
+  std::ostringstream os;
+  os << collective << " on rank " << pg.rank() << " (" << pg.backend_name() << "): ";
+  return os.str();
 }
 
-// The integer value of an environment variable; an error names the variable and its text.
-int env_int(const char* name, int fallback) {
-  const char* v = env(name);
-  if (v == nullptr) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  DDP_CHECK(errno == 0 && end != v && *end == '\0' && x >= 0 && x <= 1000000000,
-            "environment variable " << name << "='" << v << "' is not a non-negative integer");
-  return static_cast<int>(x);
+// "the tensor (float32, shape [2, 3])"
+std::string describe(const std::string& name, const Tensor& t) {
+  return name + " (" + dtype_name(t.dtype()) + ", shape " + shape_str(t.shape()) + ")";
 }
 
-// Slurm writes task counts as "4", "4(x2)" or "4(x2),3": the first node's count.
-int slurm_leading_int(const char* v) {
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  return end != v && x > 0 ? static_cast<int>(x) : 0;
+// What to do about a tensor on the wrong device.
+std::string device_hint(Device group_device, Device tensor_device) {
+  if (group_device.is_cpu()) return "use the nccl backend for CUDA tensors";
+  if (tensor_device.is_cpu()) return "use the gloo backend for CPU tensors";
+  std::ostringstream os;
+  os << "move it to " << group_device << ", the GPU this rank's group was created on";
+  return os.str();
+}
+
+void check_tensor(const ProcessGroup& pg, const char* collective, const std::string& name,
+                  const Tensor& t) {
+  DDP_CHECK(t.defined(), where(pg, collective) << name << " is undefined (an empty Tensor handle)");
+  DDP_CHECK(t.device() == pg.device(), where(pg, collective)
+                                           << describe(name, t) << " is on " << t.device()
+                                           << ", but this group works on " << pg.device()
+                                           << " tensors; " << device_hint(pg.device(), t.device()));
+  DDP_CHECK(t.is_contiguous(),
+            where(pg, collective) << describe(name, t) << " with strides " << shape_str(t.strides())
+                                  << " is not contiguous; pass ops::contiguous(t) and copy the "
+                                     "result back");
+}
+
+// The dtypes both backends can add, compare and divide (NCCL natively; Gloo natively, or for
+// float16 and bfloat16 by widening to float32).
+bool is_reducible(DType dt) {
+  switch (dt) {
+    case DType::Float32:
+    case DType::Float64:
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Int64:
+    case DType::Int32:
+    case DType::UInt8:
+      return true;
+    case DType::Bool:
+      return false;
+  }
+  return false;
+}
+
+void check_reducible(const ProcessGroup& pg, const char* collective, const std::string& name,
+                     const Tensor& t) {
+  DDP_CHECK(is_reducible(t.dtype()),
+            where(pg, collective) << describe(name, t) << " cannot be reduced: its dtype is not "
+                                  << "one of float32, float64, float16, bfloat16, int64, int32, "
+                                     "uint8");
+}
+
+// all_gather's outputs and reduce_scatter's inputs: one tensor per rank, each like `like`.
+void check_one_per_rank(const ProcessGroup& pg, const char* collective, const char* list_name,
+                        const std::vector<Tensor>& list, const std::string& like_name,
+                        const Tensor& like) {
+  DDP_CHECK(static_cast<int>(list.size()) == pg.size(),
+            where(pg, collective) << "expected " << pg.size() << " " << list_name
+                                  << " tensors (one per rank), got " << list.size());
+  for (size_t r = 0; r < list.size(); ++r) {
+    const std::string name = std::string(list_name) + "[" + std::to_string(r) + "]";
+    check_tensor(pg, collective, name, list[r]);
+    DDP_CHECK(list[r].dtype() == like.dtype() && list[r].numel() == like.numel(),
+              where(pg, collective)
+                  << describe(name, list[r]) << " does not match " << describe(like_name, like)
+                  << ": every " << list_name << " tensor needs its dtype and number of elements");
+  }
 }
 
 }  // namespace
 
-LaunchEnv launch_env_from_environment() {
-  LaunchEnv e;
-  if (env("RANK") != nullptr && env("WORLD_SIZE") != nullptr) {
-    // torchrun / ddprun. Without LOCAL_*, assume one node (rank == local rank).
-    e.from_launcher = true;
-    e.rank = env_int("RANK", 0);
-    e.world_size = env_int("WORLD_SIZE", 1);
-    e.local_rank = env_int("LOCAL_RANK", e.rank);
-    e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
-    e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
-  } else if (env("SLURM_PROCID") != nullptr && env("SLURM_NTASKS") != nullptr) {
-    // srun: one task per process. MASTER_ADDR must name the first node for multi-node jobs
-    // (e.g. `export MASTER_ADDR=$(scontrol show hostnames | head -n1)`); see
-    // docs/process_groups.md.
-    e.from_launcher = true;
-    e.rank = env_int("SLURM_PROCID", 0);
-    e.world_size = env_int("SLURM_NTASKS", 1);
-    e.local_rank = env_int("SLURM_LOCALID", 0);
-    int local = 0;
-    if (const char* v = env("SLURM_NTASKS_PER_NODE")) local = slurm_leading_int(v);
-    if (local == 0)
-      if (const char* v = env("SLURM_TASKS_PER_NODE")) local = slurm_leading_int(v);
-    if (local == 0) {
-      int nodes = env_int("SLURM_NNODES", env_int("SLURM_JOB_NUM_NODES", 1));
-      local = nodes > 0 ? (e.world_size + nodes - 1) / nodes : e.world_size;
-    }
-    e.local_world_size = local;
-    e.restart_count = env_int("SLURM_RESTART_COUNT", 0);
-  }
-  if (const char* v = env("MASTER_ADDR")) e.master_addr = v;
-  e.master_port = env_int("MASTER_PORT", 29500);
-  DDP_CHECK(e.world_size >= 1, "WORLD_SIZE must be at least 1, got " << e.world_size);
-  DDP_CHECK(e.rank < e.world_size,
-            "rank " << e.rank << " is not below the world size " << e.world_size);
-  DDP_CHECK(e.master_port <= 65535, "MASTER_PORT " << e.master_port << " is not a TCP port");
-  return e;
+std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
+  check_tensor(*this, "all_reduce", "the tensor", t);
+  check_reducible(*this, "all_reduce", "the tensor", t);
+  return do_all_reduce(t, op);
 }
 
-std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
-  const LaunchEnv env = launch_env_from_environment();
-  const int rank = options.rank >= 0 ? options.rank : env.rank;
-  const int world = options.world_size > 0 ? options.world_size : env.world_size;
-  DDP_CHECK(rank >= 0 && rank < world,
-            "init_process_group: rank " << rank << " is outside a world of size " << world);
-  DDP_CHECK(options.timeout.count() > 0, "init_process_group: the timeout must be positive");
+std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& t, int root) {
+  check_tensor(*this, "broadcast", "the tensor", t);
+  DDP_CHECK(root >= 0 && root < size(), where(*this, "broadcast")
+                                            << "root " << root << " is outside a group of size "
+                                            << size());
+  return do_broadcast(t, root);
+}
 
-  std::string backend = options.backend;
-  if (backend == "auto") backend = options.device.is_cuda() ? "nccl" : "gloo";
+std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs,
+                                               const Tensor& input) {
+  check_tensor(*this, "all_gather", "the input", input);
+  check_one_per_rank(*this, "all_gather", "output", outputs, "the input", input);
+  return do_all_gather(outputs, input);
+}
 
-  // Check the backend before touching the network, so a wrong choice fails at once.
-  if (backend == "gloo") {
-    DDP_CHECK(options.device.is_cpu(),
-              "init_process_group: the gloo backend reduces CPU tensors, but the device is "
-                  << options.device << "; use backend \"nccl\" (or \"auto\")");
-  } else if (backend == "nccl") {
-#if defined(DDPLAB_CUDA)
-    DDP_CHECK(options.device.is_cuda(),
-              "init_process_group: the nccl backend reduces CUDA tensors, but the device is "
-                  << options.device << "; use backend \"gloo\" (or \"auto\")");
-#else
-    DDP_FAIL("init_process_group: backend \"nccl\" (device "
-             << options.device
-             << ") needs ddplab built with CUDA (meson setup -Dcuda=enabled); this build has "
-                "only \"gloo\"");
-#endif
-  } else {
-    DDP_FAIL("init_process_group: unknown backend \"" << options.backend
-                                                      << "\" (use \"gloo\", \"nccl\" or \"auto\")");
-  }
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
+                                                   const std::vector<Tensor>& inputs, ReduceOp op) {
+  check_tensor(*this, "reduce_scatter", "the output", output);
+  check_reducible(*this, "reduce_scatter", "the output", output);
+  check_one_per_rank(*this, "reduce_scatter", "input", inputs, "the output", output);
+  return do_reduce_scatter(output, inputs, op);
+}
 
-  std::shared_ptr<Store> store = options.store;
-  if (!store) {
-    if (world == 1 && !env.from_launcher) {
-      // A lone process without a launcher: a private store on a free port, so two such
-      // programs on one machine never collide on 29500.
-      store = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, options.timeout);
-    } else {
-      // Rank 0 hosts the store on MASTER_PORT (ddprun gives every restart round a fresh one);
-      // the others' constructor retries connecting until the timeout.
-      store =
-          std::make_shared<TCPStore>(env.master_addr, env.master_port, rank == 0, options.timeout);
-    }
-  }
-
-  if (backend == "gloo") {
-    GlooOptions g;
-    g.timeout = options.timeout;
-    g.group_name = "default_pg";
-    g.interface = gloo_interface_from_environment(env.master_addr);
-    return std::make_shared<ProcessGroupGloo>(store, rank, world, g);
-  }
-  if (backend == "nccl") {
-#if defined(DDPLAB_CUDA)
-    NcclOptions n;
-    n.timeout = options.timeout;
-    n.group_name = "default_pg";
-    n.device = options.device.index;
-    return std::make_shared<ProcessGroupNCCL>(store, rank, world, n);
-#endif
-  }
-  DDP_FAIL("init_process_group: unreachable backend " << backend);
+std::shared_ptr<Work> ProcessGroup::barrier() {
+  return do_barrier();
 }
 
 }  // namespace ddplab::distributed

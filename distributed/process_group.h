@@ -5,6 +5,9 @@
 // stream), so DDP can launch a bucket's all-reduce and keep computing gradients. Every rank must
 // call the same collectives in the same order; each call gets a sequence number, which timeouts
 // and errors report so a hang can be traced to the collective that did not match.
+//
+// This header is the interface only. The backends are process_group_gloo.h (CPU) and
+// process_group_nccl.h (GPU); init_process_group.h picks one and creates the group.
 #pragma once
 
 #include <chrono>
@@ -13,11 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "distributed/store.h"
+#include "tensor/device.h"
 #include "tensor/tensor.h"
 
 namespace ddplab::distributed {
 
+// How all_reduce and reduce_scatter combine the ranks' values, element by element. Avg is the
+// sum divided by size(); on integer dtypes the division truncates toward zero, like C++'s `/`
+// (the same on Gloo and NCCL: NCCL's integer ncclAvg divides the same way).
 enum class ReduceOp { Sum, Avg, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 
@@ -37,52 +43,50 @@ class Work {
   virtual std::string error() = 0;
 };
 
+// The interface every backend implements. The public collectives are not virtual: each checks
+// its arguments here, once for all backends (so Gloo and NCCL reject a bad call with the same
+// message, naming the collective, this rank, and the dtype and shape of the offending tensor),
+// then calls the backend's do_* method. A rejected call uses no sequence number.
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;  // "gloo", "nccl"
+  // Where every tensor given to this group must live: the CPU (Gloo), this rank's GPU (NCCL).
+  virtual Device device() const = 0;
 
-  // In place on `t` (contiguous). Avg divides by size() after the sum.
-  virtual std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
-  virtual std::shared_ptr<Work> broadcast(const Tensor& t, int root = 0) = 0;
-  // outputs[r] receives rank r's `input` (all the same shape).
-  virtual std::shared_ptr<Work> all_gather(const std::vector<Tensor>& outputs,
-                                           const Tensor& input) = 0;
-  // `output` receives the reduction of every rank's inputs[rank()].
-  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& output,
-                                               const std::vector<Tensor>& inputs,
-                                               ReduceOp op = ReduceOp::Sum) = 0;
-  virtual std::shared_ptr<Work> barrier() = 0;
+  // Every tensor must be contiguous and on device(). all_reduce and reduce_scatter reduce
+  // float32, float64, float16, bfloat16, int64, int32 and uint8; broadcast and all_gather copy
+  // bytes, so any dtype works.
+
+  // In place on `t`: every rank ends with the reduction of every rank's `t`.
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // In place: every rank's `t` becomes rank `root`'s.
+  std::shared_ptr<Work> broadcast(const Tensor& t, int root = 0);
+  // outputs[r] receives rank r's `input`; size() outputs, each of the input's dtype and numel.
+  std::shared_ptr<Work> all_gather(const std::vector<Tensor>& outputs, const Tensor& input);
+  // `output` receives the reduction of every rank's inputs[rank()]; size() inputs, each of the
+  // output's dtype and numel.
+  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                       ReduceOp op = ReduceOp::Sum);
+  // Completes once every rank has called it.
+  std::shared_ptr<Work> barrier();
 
   // The number of collectives issued so far (the next one's sequence number).
   virtual uint64_t sequence_number() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
-};
 
-struct InitOptions {
-  std::string backend = "auto";  // "gloo", "nccl", or "auto": NCCL when the device is CUDA
-  Device device = kCPU;          // where the tensors this group will reduce live
-  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
-  // Rendezvous: when unset, read from the environment (RANK, WORLD_SIZE, MASTER_ADDR,
-  // MASTER_PORT as torchrun/ddprun set them; or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).
-  int rank = -1;
-  int world_size = -1;
-  std::shared_ptr<Store> store;  // when given, used instead of MASTER_ADDR:MASTER_PORT
+ protected:
+  // What a backend implements; called only with arguments the public methods have checked.
+  virtual std::shared_ptr<Work> do_all_reduce(const Tensor& t, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> do_broadcast(const Tensor& t, int root) = 0;
+  virtual std::shared_ptr<Work> do_all_gather(const std::vector<Tensor>& outputs,
+                                              const Tensor& input) = 0;
+  virtual std::shared_ptr<Work> do_reduce_scatter(const Tensor& output,
+                                                  const std::vector<Tensor>& inputs,
+                                                  ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> do_barrier() = 0;
 };
-
-// Creates the process group for this process (rank 0 hosts the TCPStore on MASTER_PORT).
-std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options = {});
-
-// Rank/size facts from the environment, as set by ddprun, torchrun or Slurm.
-struct LaunchEnv {
-  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  int restart_count = 0;
-  bool from_launcher = false;  // false when nothing in the environment described a job
-};
-LaunchEnv launch_env_from_environment();
 
 }  // namespace ddplab::distributed

@@ -27,7 +27,7 @@
 #include <thread>
 #include <utility>
 
-#include "distributed/gloo_store_adapter.h"
+#include "distributed/store/gloo_store_adapter.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 
@@ -390,28 +390,9 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(const std::string& name, Body bo
 }
 
 // --- the collectives ----------------------------------------------------------------------------
+// ProcessGroup's public methods checked the arguments (process_group.cpp) before calling these.
 
 namespace {
-
-void check_cpu_dense(const Tensor& t, const char* what, const char* arg) {
-  DDP_CHECK(t.defined(), what << ": " << arg << " is an undefined tensor");
-  DDP_CHECK(t.device().is_cpu(), what << ": the gloo backend works on CPU tensors, but " << arg
-                                      << " (shape " << shape_str(t.shape()) << ") is on "
-                                      << t.device() << "; use the nccl backend for CUDA tensors");
-  DDP_CHECK(t.is_contiguous(), what << ": " << arg << " (shape " << shape_str(t.shape())
-                                    << ", strides " << shape_str(t.strides()) << ", on "
-                                    << t.device()
-                                    << ") is not contiguous; reduce ops::contiguous(t) "
-                                       "and copy the result back");
-}
-
-void check_reducible(DType dt, const char* what) {
-  DDP_CHECK(dt == kFloat32 || dt == kFloat64 || dt == kFloat16 || dt == kBFloat16 || dt == kInt64 ||
-                dt == kInt32,
-            what << ": dtype " << dtype_name(dt)
-                 << " cannot be reduced by the gloo backend (float32, float64, float16, "
-                    "bfloat16, int64, int32)");
-}
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
@@ -446,8 +427,10 @@ template <class T>
 void native_allreduce(const std::shared_ptr<gloo::Context>& ctx, T* data, size_t n, ReduceOp op,
                       uint32_t tag) {
   gloo_allreduce(ctx, data, n, op, tag);
+  // Integer division truncates toward zero, as NCCL's ncclAvg does on integers. The divisor
+  // stays an int: as a uint8_t it would wrap for groups of 256 ranks or more.
   if (op == ReduceOp::Avg)
-    for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(ctx->size));
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / ctx->size);
 }
 
 // 16-bit floats: Gloo's own float16 math rounds after every partial sum; widening to float32 and
@@ -471,6 +454,8 @@ void allreduce_buffer(const std::shared_ptr<gloo::Context>& ctx, void* data, DTy
       return native_allreduce(ctx, static_cast<int64_t*>(data), n, op, tag);
     case DType::Int32:
       return native_allreduce(ctx, static_cast<int32_t*>(data), n, op, tag);
+    case DType::UInt8:
+      return native_allreduce(ctx, static_cast<uint8_t*>(data), n, op, tag);
     case DType::Float16:
       return widened_allreduce(ctx, static_cast<Half*>(data), n, op, tag);
     case DType::BFloat16:
@@ -482,19 +467,14 @@ void allreduce_buffer(const std::shared_ptr<gloo::Context>& ctx, void* data, DTy
 
 }  // namespace
 
-std::shared_ptr<Work> ProcessGroupGloo::all_reduce(const Tensor& t, ReduceOp op) {
-  check_cpu_dense(t, "all_reduce", "the tensor");
-  check_reducible(t.dtype(), "all_reduce");
+std::shared_ptr<Work> ProcessGroupGloo::do_all_reduce(const Tensor& t, ReduceOp op) {
   // The Tensor handle is captured by value: its storage stays alive until the worker is done.
   return enqueue("all_reduce", [t, op](const std::shared_ptr<gloo::Context>& ctx, uint32_t tag) {
     allreduce_buffer(ctx, t.raw_data(), t.dtype(), static_cast<size_t>(t.numel()), op, tag);
   });
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& t, int root) {
-  check_cpu_dense(t, "broadcast", "the tensor");
-  DDP_CHECK(root >= 0 && root < size(),
-            "broadcast: root " << root << " is outside a group of size " << size());
+std::shared_ptr<Work> ProcessGroupGloo::do_broadcast(const Tensor& t, int root) {
   return enqueue("broadcast", [t, root](const std::shared_ptr<gloo::Context>& ctx, uint32_t tag) {
     if (ctx->size == 1 || t.nbytes() == 0) return;
     gloo::BroadcastOptions o(ctx);
@@ -507,19 +487,8 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& t, int root) {
   });
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::all_gather(const std::vector<Tensor>& outputs,
-                                                   const Tensor& input) {
-  check_cpu_dense(input, "all_gather", "the input");
-  DDP_CHECK(static_cast<int>(outputs.size()) == size(),
-            "all_gather: expected " << size() << " output tensors (one per rank), got "
-                                    << outputs.size());
-  for (const Tensor& o : outputs) {
-    check_cpu_dense(o, "all_gather", "an output");
-    DDP_CHECK(o.dtype() == input.dtype() && o.numel() == input.numel(),
-              "all_gather: every output must match the input ("
-                  << dtype_name(input.dtype()) << ", shape " << shape_str(input.shape())
-                  << "), got " << dtype_name(o.dtype()) << ", shape " << shape_str(o.shape()));
-  }
+std::shared_ptr<Work> ProcessGroupGloo::do_all_gather(const std::vector<Tensor>& outputs,
+                                                      const Tensor& input) {
   return enqueue("all_gather",
                  [outputs, input](const std::shared_ptr<gloo::Context>& ctx, uint32_t tag) {
                    const size_t n = input.nbytes();
@@ -541,21 +510,9 @@ std::shared_ptr<Work> ProcessGroupGloo::all_gather(const std::vector<Tensor>& ou
                  });
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output,
-                                                       const std::vector<Tensor>& inputs,
-                                                       ReduceOp op) {
-  check_cpu_dense(output, "reduce_scatter", "the output");
-  check_reducible(output.dtype(), "reduce_scatter");
-  DDP_CHECK(static_cast<int>(inputs.size()) == size(),
-            "reduce_scatter: expected " << size() << " input tensors (one per rank), got "
-                                        << inputs.size());
-  for (const Tensor& in : inputs) {
-    check_cpu_dense(in, "reduce_scatter", "an input");
-    DDP_CHECK(in.dtype() == output.dtype() && in.numel() == output.numel(),
-              "reduce_scatter: every input must match the output ("
-                  << dtype_name(output.dtype()) << ", shape " << shape_str(output.shape())
-                  << "), got " << dtype_name(in.dtype()) << ", shape " << shape_str(in.shape()));
-  }
+std::shared_ptr<Work> ProcessGroupGloo::do_reduce_scatter(const Tensor& output,
+                                                          const std::vector<Tensor>& inputs,
+                                                          ReduceOp op) {
   // Gloo's reduce-scatter in this snapshot exists only as the old templated algorithm class
   // (ReduceScatterHalvingDoubling: pointers fixed at construction, no tag, no timeout). So we
   // all-reduce the concatenation of the inputs and keep our slice: the same result, at about
@@ -576,7 +533,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output,
   });
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+std::shared_ptr<Work> ProcessGroupGloo::do_barrier() {
   return enqueue("barrier", [](const std::shared_ptr<gloo::Context>& ctx, uint32_t tag) {
     if (ctx->size == 1) return;
     gloo::BarrierOptions o(ctx);

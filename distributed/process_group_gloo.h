@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "distributed/process_group.h"
+#include "distributed/store/store.h"
 
 namespace gloo {
 class Context;
@@ -66,18 +67,7 @@ class ProcessGroupGloo : public ProcessGroup {
   int rank() const override;
   int size() const override;
   std::string backend_name() const override { return "gloo"; }
-
-  // Float32, float64, int64 and int32 reduce natively; float16 and bfloat16 are widened to
-  // float32, reduced, and rounded back (one rounding, as if the sum were done in float32).
-  // Avg on integer tensors truncates toward zero.
-  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) override;
-  // Any dtype (bytes are copied).
-  std::shared_ptr<Work> broadcast(const Tensor& t, int root = 0) override;
-  std::shared_ptr<Work> all_gather(const std::vector<Tensor>& outputs,
-                                   const Tensor& input) override;
-  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                                       ReduceOp op = ReduceOp::Sum) override;
-  std::shared_ptr<Work> barrier() override;
+  Device device() const override { return kCPU; }
 
   uint64_t sequence_number() const override;
   std::chrono::milliseconds timeout() const override;
@@ -90,6 +80,18 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> enqueue(const std::string& name, Body body);
 
   struct State;  // defined in process_group_gloo.cpp
+
+ protected:
+  // Float32, float64, int64, int32 and uint8 reduce natively; float16 and bfloat16 are widened
+  // to float32, reduced, and rounded back (one rounding, as if the sum were done in float32).
+  std::shared_ptr<Work> do_all_reduce(const Tensor& t, ReduceOp op) override;
+  // Bytes are copied, so any dtype works.
+  std::shared_ptr<Work> do_broadcast(const Tensor& t, int root) override;
+  std::shared_ptr<Work> do_all_gather(const std::vector<Tensor>& outputs,
+                                      const Tensor& input) override;
+  std::shared_ptr<Work> do_reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                          ReduceOp op) override;
+  std::shared_ptr<Work> do_barrier() override;
 
  private:
   std::shared_ptr<State> state_;

@@ -23,7 +23,8 @@ namespace {
 
 using ms = std::chrono::milliseconds;
 
-ncclDataType_t nccl_dtype(DType dt, const char* what) {
+// ProcessGroup has checked that the dtype is reducible (process_group.cpp): every one maps.
+ncclDataType_t nccl_dtype(DType dt) {
   switch (dt) {
     case DType::Float32:
       return ncclFloat32;
@@ -40,18 +41,18 @@ ncclDataType_t nccl_dtype(DType dt, const char* what) {
     case DType::UInt8:
       return ncclUint8;
     default:
-      DDP_FAIL(what << ": dtype " << dtype_name(dt) << " is not supported by the nccl backend");
+      DDP_FAIL("the nccl backend has no reduction for dtype " << dtype_name(dt));
   }
 }
 
-ncclRedOp_t nccl_op(ReduceOp op, DType dt, const char* what) {
+ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
       return ncclSum;
     case ReduceOp::Avg:
-      DDP_CHECK(is_floating(dt), what << ": ReduceOp::Avg needs a floating dtype, got "
-                                      << dtype_name(dt) << " (use Sum and divide)");
-      return ncclAvg;  // NCCL >= 2.10 divides on the fly, in the reduction's own precision
+      // NCCL >= 2.10. Floating dtypes: scaled by 1/size in the reduction's own precision.
+      // Integers: the sum, then a division that truncates toward zero, as Gloo's Avg.
+      return ncclAvg;
     case ReduceOp::Max:
       return ncclMax;
     case ReduceOp::Min:
@@ -186,16 +187,6 @@ class NcclWork : public Work {
   std::string error_;
 };
 
-void check_cuda_dense(const Tensor& t, int device, const char* what, const char* arg) {
-  DDP_CHECK(t.defined(), what << ": " << arg << " is an undefined tensor");
-  DDP_CHECK(t.device() == cuda(device), what << ": the nccl group of this rank uses cuda:" << device
-                                             << ", but " << arg << " (shape "
-                                             << shape_str(t.shape()) << ") is on " << t.device());
-  DDP_CHECK(t.is_contiguous(), what << ": " << arg << " (shape " << shape_str(t.shape())
-                                    << ", strides " << shape_str(t.strides())
-                                    << ") is not contiguous");
-}
-
 }  // namespace
 
 ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int size,
@@ -249,6 +240,9 @@ int ProcessGroupNCCL::rank() const {
 int ProcessGroupNCCL::size() const {
   return state_->size;
 }
+Device ProcessGroupNCCL::device() const {
+  return cuda(state_->device);
+}
 std::chrono::milliseconds ProcessGroupNCCL::timeout() const {
   return state_->timeout;
 }
@@ -287,11 +281,11 @@ std::shared_ptr<Work> launch(const std::shared_ptr<ProcessGroupNCCL::State>& sta
 
 }  // namespace
 
-std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(const Tensor& t, ReduceOp op) {
-  const int dev = state_->device;
-  check_cuda_dense(t, dev, "all_reduce", "the tensor");
-  const ncclDataType_t dt = nccl_dtype(t.dtype(), "all_reduce");
-  const ncclRedOp_t rop = nccl_op(op, t.dtype(), "all_reduce");
+// ProcessGroup's public methods checked the arguments (process_group.cpp) before calling these.
+
+std::shared_ptr<Work> ProcessGroupNCCL::do_all_reduce(const Tensor& t, ReduceOp op) {
+  const ncclDataType_t dt = nccl_dtype(t.dtype());
+  const ncclRedOp_t rop = nccl_op(op);
   return launch(state_, "all_reduce", {t}, [&](ncclComm_t comm, cudaStream_t s) {
     if (t.numel() == 0) return;
     DDP_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), dt,
@@ -299,27 +293,15 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_reduce(const Tensor& t, ReduceOp op)
   });
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const Tensor& t, int root) {
-  check_cuda_dense(t, state_->device, "broadcast", "the tensor");
-  DDP_CHECK(root >= 0 && root < size(),
-            "broadcast: root " << root << " is outside a group of size " << size());
+std::shared_ptr<Work> ProcessGroupNCCL::do_broadcast(const Tensor& t, int root) {
   return launch(state_, "broadcast", {t}, [&](ncclComm_t comm, cudaStream_t s) {
     if (t.nbytes() == 0) return;
     DDP_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, comm, s));
   });
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::all_gather(const std::vector<Tensor>& outputs,
-                                                   const Tensor& input) {
-  const int dev = state_->device;
-  check_cuda_dense(input, dev, "all_gather", "the input");
-  DDP_CHECK(static_cast<int>(outputs.size()) == size(),
-            "all_gather: expected " << size() << " outputs, got " << outputs.size());
-  for (const Tensor& o : outputs) {
-    check_cuda_dense(o, dev, "all_gather", "an output");
-    DDP_CHECK(o.dtype() == input.dtype() && o.numel() == input.numel(),
-              "all_gather: every output must match the input's dtype and size");
-  }
+std::shared_ptr<Work> ProcessGroupNCCL::do_all_gather(const std::vector<Tensor>& outputs,
+                                                      const Tensor& input) {
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
   const int me = rank();
@@ -335,20 +317,11 @@ std::shared_ptr<Work> ProcessGroupNCCL::all_gather(const std::vector<Tensor>& ou
   });
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const Tensor& output,
-                                                       const std::vector<Tensor>& inputs,
-                                                       ReduceOp op) {
-  const int dev = state_->device;
-  check_cuda_dense(output, dev, "reduce_scatter", "the output");
-  DDP_CHECK(static_cast<int>(inputs.size()) == size(),
-            "reduce_scatter: expected " << size() << " inputs, got " << inputs.size());
-  for (const Tensor& in : inputs) {
-    check_cuda_dense(in, dev, "reduce_scatter", "an input");
-    DDP_CHECK(in.dtype() == output.dtype() && in.numel() == output.numel(),
-              "reduce_scatter: every input must match the output's dtype and size");
-  }
-  const ncclDataType_t dt = nccl_dtype(output.dtype(), "reduce_scatter");
-  const ncclRedOp_t rop = nccl_op(op, output.dtype(), "reduce_scatter");
+std::shared_ptr<Work> ProcessGroupNCCL::do_reduce_scatter(const Tensor& output,
+                                                          const std::vector<Tensor>& inputs,
+                                                          ReduceOp op) {
+  const ncclDataType_t dt = nccl_dtype(output.dtype());
+  const ncclRedOp_t rop = nccl_op(op);
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   const int me = rank();
@@ -365,7 +338,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter(const Tensor& output,
   });
 }
 
-std::shared_ptr<Work> ProcessGroupNCCL::barrier() {
+std::shared_ptr<Work> ProcessGroupNCCL::do_barrier() {
   void* buf = state_->barrier_buf;
   return launch(state_, "barrier", {}, [&](ncclComm_t comm, cudaStream_t s) {
     DDP_NCCL_CHECK(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm, s));

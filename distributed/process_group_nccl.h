@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "distributed/process_group.h"
+#include "distributed/store/store.h"
 
 namespace ddplab::distributed {
 
@@ -42,23 +43,25 @@ class ProcessGroupNCCL : public ProcessGroup {
   int rank() const override;
   int size() const override;
   std::string backend_name() const override { return "nccl"; }
-
-  // Float32, float64, float16, bfloat16, int64, int32, uint8 natively (Avg: floating only).
-  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) override;
-  std::shared_ptr<Work> broadcast(const Tensor& t, int root = 0) override;
-  // A group of `size` broadcasts, one per root, straight into the outputs (no staging buffer).
-  std::shared_ptr<Work> all_gather(const std::vector<Tensor>& outputs,
-                                   const Tensor& input) override;
-  // A group of `size` reduces, rank r's result into its output.
-  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                                       ReduceOp op = ReduceOp::Sum) override;
-  // A one-element all-reduce on the group's stream, waited for by the host in Work::wait.
-  std::shared_ptr<Work> barrier() override;
+  Device device() const override;
 
   uint64_t sequence_number() const override;
   std::chrono::milliseconds timeout() const override;
 
   struct State;  // defined in process_group_nccl.cpp
+
+ protected:
+  // Every reducible dtype natively; Avg is ncclAvg (on integers it truncates, as on Gloo).
+  std::shared_ptr<Work> do_all_reduce(const Tensor& t, ReduceOp op) override;
+  std::shared_ptr<Work> do_broadcast(const Tensor& t, int root) override;
+  // A group of `size` broadcasts, one per root, straight into the outputs (no staging buffer).
+  std::shared_ptr<Work> do_all_gather(const std::vector<Tensor>& outputs,
+                                      const Tensor& input) override;
+  // A group of `size` reduces, rank r's result into its output.
+  std::shared_ptr<Work> do_reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                          ReduceOp op) override;
+  // A one-element all-reduce on the group's stream, waited for by the host in Work::wait.
+  std::shared_ptr<Work> do_barrier() override;
 
  private:
   std::shared_ptr<State> state_;

@@ -33,6 +33,7 @@
 #include "data/image_folder.h"
 #include "data/mnist.h"
 #include "distributed/ddp.h"
+#include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
 #include "models/models.h"
 #include "nn/functional.h"

@@ -18,7 +18,9 @@ namespace ddplab {
 #define DDPLAB_ENUM_ENTRY(name, functor) name,
 enum class UnaryOp { DDPLAB_UNARY_OPS(DDPLAB_ENUM_ENTRY) };
 enum class BinaryOp { DDPLAB_BINARY_OPS(DDPLAB_ENUM_ENTRY) };
-enum class ReduceOp { DDPLAB_REDUCE_OPS(DDPLAB_ENUM_ENTRY) };
+// Each row of a [rows, cols] view reduced to one value. (Not "ReduceOp": that name belongs to
+// the collectives, distributed::ReduceOp, as in PyTorch.)
+enum class RowReduceOp { DDPLAB_REDUCE_OPS(DDPLAB_ENUM_ENTRY) };
 #undef DDPLAB_ENUM_ENTRY
 
 // Row-major GEMM on raw pointers: C = alpha * op(A) @ op(B) + beta * C, `batch` times.
@@ -53,7 +55,7 @@ class Backend {
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void fill(const Tensor& t, double value) = 0;
   // in: contiguous [rows, cols]; out: contiguous [rows]. Reduces each row.
-  virtual void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
+  virtual void reduce(RowReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
                       int64_t cols) = 0;
   // Like reduce with Max/Min, but writes the column index (int64) of the first extreme value.
   virtual void arg_reduce(bool is_max, const Tensor& out, const Tensor& in, int64_t rows,

@@ -47,12 +47,12 @@ ReducePlan plan_reduction(const Tensor& t, const std::vector<int64_t>& dims, con
   return p;
 }
 
-Tensor reduce(ReduceOp op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim,
+Tensor reduce(RowReduceOp op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim,
               const char* what) {
   ReducePlan p = plan_reduction(t, dims, what);
   DType out_dtype = t.dtype();
-  if (op == ReduceOp::Sum && !is_floating(t.dtype())) out_dtype = kInt64;  // as PyTorch
-  if (op != ReduceOp::Sum)
+  if (op == RowReduceOp::Sum && !is_floating(t.dtype())) out_dtype = kInt64;  // as PyTorch
+  if (op != RowReduceOp::Sum)
     DDP_CHECK(p.cols > 0 || p.rows == 0,
               what << ": cannot reduce over an empty dimension of shape " << shape_str(t.shape()));
   Tensor out = empty({p.rows}, {out_dtype, t.device()});
@@ -84,7 +84,7 @@ int64_t reduced_count(const Tensor& t, const std::vector<int64_t>& dims) {
 }  // namespace
 
 Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
-  return reduce(ReduceOp::Sum, t, dims, keepdim, "sum");
+  return reduce(RowReduceOp::Sum, t, dims, keepdim, "sum");
 }
 
 Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
@@ -96,10 +96,10 @@ Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor amax(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
-  return reduce(ReduceOp::Max, t, dims, keepdim, "amax");
+  return reduce(RowReduceOp::Max, t, dims, keepdim, "amax");
 }
 Tensor amin(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
-  return reduce(ReduceOp::Min, t, dims, keepdim, "amin");
+  return reduce(RowReduceOp::Min, t, dims, keepdim, "amin");
 }
 
 // Two passes (mean, then squared deviations): far more accurate than E[x^2] - E[x]^2.

@@ -23,7 +23,7 @@
 #include <memory>
 #include <thread>
 
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 #include "tensor/error.h"
 #include "tools/worker_group.h"
 

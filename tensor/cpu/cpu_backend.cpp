@@ -261,11 +261,11 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
+  void reduce(RowReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
               int64_t cols) override {
     switch (op) {
 #define DDP_REDUCE_CASE(name, functor)                                                 \
-  case ReduceOp::name:                                                                 \
+  case RowReduceOp::name:                                                              \
     DDP_DISPATCH_ALL(in.dtype(), #name,                                                \
                      (reduce_loop<scalar_t, functors::functor>(out, in, rows, cols))); \
     break;

@@ -64,7 +64,7 @@ class CudaBackend final : public Backend {
     gpu::DeviceGuard g(d);
     gpu::fill(d, t, value);
   }
-  void reduce(ReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
+  void reduce(RowReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
               int64_t cols) override {
     const int d = device_of(out);
     gpu::DeviceGuard g(d);

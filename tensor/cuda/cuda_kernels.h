@@ -17,7 +17,7 @@ void where(int device, const Tensor& out, const Tensor& cond, const Tensor& a, c
 void copy(int device, const Tensor& dst, const Tensor& src);
 void fill(int device, const Tensor& t, double value);
 
-void reduce(int device, ReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
+void reduce(int device, RowReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
             int64_t cols);
 void arg_reduce(int device, bool is_max, const Tensor& out, const Tensor& in, int64_t rows,
                 int64_t cols);

@@ -199,13 +199,13 @@ void arg_reduce_typed(int device, const Tensor& out, const Tensor& in, int64_t r
 
 }  // namespace
 
-void reduce(int device, ReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
+void reduce(int device, RowReduceOp op, const Tensor& out, const Tensor& in, int64_t rows,
             int64_t cols) {
   DDP_CHECK(in.is_contiguous() && out.is_contiguous(), "reduce: expects contiguous tensors");
   if (rows == 0) return;
   switch (op) {
 #define DDP_REDUCE_CASE(name, functor)                         \
-  case ReduceOp::name:                                         \
+  case RowReduceOp::name:                                      \
     reduce_op<functors::functor>(device, out, in, rows, cols); \
     return;
     DDPLAB_REDUCE_OPS(DDP_REDUCE_CASE)

@@ -31,7 +31,7 @@
 #include "distributed/ddp.h"
 #include "distributed/naive_allreduce_grads.h"
 #include "distributed/process_group_gloo.h"
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "optim/sgd.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 
 namespace {
 

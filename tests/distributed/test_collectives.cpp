@@ -24,10 +24,11 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/init_process_group.h"
 #include "distributed/process_group.h"
 #include "distributed/process_group_gloo.h"
 #include "distributed/ring_allreduce.h"
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 #include "tensor/backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -171,6 +172,16 @@ void check_all_reduce(ProcessGroup& pg, DType dt, int64_t n, distributed::Reduce
   }
 }
 
+// The message of the ddplab::Error that f throws.
+std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 const std::vector<int64_t> kSizes = {0, 1, 1001, int64_t{1} << 20};
 const std::vector<distributed::ReduceOp> kOps = {
     distributed::ReduceOp::Sum, distributed::ReduceOp::Avg, distributed::ReduceOp::Max,
@@ -309,24 +320,85 @@ TEST_CASE("gloo async: several outstanding Works, waited for in reverse order") 
 TEST_CASE("gloo argument errors name the tensor, its shape and device") {
   run_ranks(1, [](int rank, int w, const std::shared_ptr<TCPStore>& store) {
     auto pg = make_group(rank, w, store);
-    auto message = [](const std::function<void()>& f) {
-      try {
-        f();
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("(no error)");
-    };
-    std::string m = message([&] { pg->all_reduce(ops::transpose(ops::zeros({2, 3}), 0, 1)); });
+    std::string m = error_message([&] {
+      pg->all_reduce(ops::transpose(ops::zeros({2, 3}), 0, 1));
+    });
     EXPECT(m.find("not contiguous") != std::string::npos && m.find("[3, 2]") != std::string::npos,
            m);
-    m = message([&] { pg->all_reduce(ops::zeros({4}, kBool)); });
+    m = error_message([&] { pg->all_reduce(ops::zeros({4}, kBool)); });
     EXPECT(m.find("bool") != std::string::npos, m);
-    m = message([&] { pg->broadcast(ops::zeros({4}), 5); });
+    m = error_message([&] { pg->broadcast(ops::zeros({4}), 5); });
     EXPECT(m.find("root 5") != std::string::npos, m);
-    m = message([&] { pg->all_gather({ops::zeros({2}), ops::zeros({2})}, ops::zeros({2})); });
+    m = error_message([&] { pg->all_gather({ops::zeros({2}), ops::zeros({2})}, ops::zeros({2})); });
     EXPECT(m.find("expected 1 output") != std::string::npos, m);
     EXPECT(pg->sequence_number() == 0, "a rejected call must not use a sequence number");
+    finish(pg, *store);
+  });
+}
+
+TEST_CASE("gloo argument errors: the messages of the checks ProcessGroup makes for every backend") {
+  run_ranks(2, [](int rank, int w, const std::shared_ptr<TCPStore>& store) {
+    auto pg = make_group(rank, w, store);
+    // Every message starts with the collective, this rank and the backend.
+    auto expect_message = [&](const std::string& m, const std::string& collective,
+                              const std::string& detail) {
+      const std::string start = collective + " on rank " + std::to_string(rank) + " (gloo): ";
+      EXPECT(m.rfind(start, 0) == 0 && m.find(detail) != std::string::npos,
+             "message: " << m << "\n  expected it to start with: " << start
+                         << "\n  and to contain: " << detail);
+    };
+    expect_message(error_message([&] { pg->all_reduce(Tensor()); }), "all_reduce",
+                   "the tensor is undefined");
+    expect_message(error_message([&] {
+                     pg->all_reduce(ops::transpose(ops::zeros({2, 3}), 0, 1));
+                   }),
+                   "all_reduce",
+                   "the tensor (float32, shape [3, 2]) with strides [1, 3] is not contiguous");
+    expect_message(error_message([&] { pg->all_reduce(ops::zeros({4}, kBool)); }), "all_reduce",
+                   "the tensor (bool, shape [4]) cannot be reduced");
+    expect_message(error_message([&] { pg->broadcast(ops::zeros({4}), 5); }), "broadcast",
+                   "root 5 is outside a group of size 2");
+    expect_message(error_message([&] { pg->all_gather({ops::zeros({2})}, ops::zeros({2})); }),
+                   "all_gather", "expected 2 output tensors (one per rank), got 1");
+    expect_message(
+        error_message([&] {
+          pg->all_gather({ops::zeros({3}, kFloat64), ops::zeros({3})}, ops::zeros({3}, kFloat64));
+        }),
+        "all_gather",
+        "output[1] (float32, shape [3]) does not match the input (float64, shape [3])");
+    expect_message(error_message([&] {
+                     pg->reduce_scatter(ops::zeros({4}, kInt64),
+                                        {ops::zeros({4}, kInt64), ops::zeros({5}, kInt64)});
+                   }),
+                   "reduce_scatter",
+                   "input[1] (int64, shape [5]) does not match the output (int64, shape [4])");
+    expect_message(error_message([&] {
+                     pg->reduce_scatter(ops::zeros({2}, kBool),
+                                        {ops::zeros({2}, kBool), ops::zeros({2}, kBool)});
+                   }),
+                   "reduce_scatter", "the output (bool, shape [2]) cannot be reduced");
+    EXPECT(pg->sequence_number() == 0, "a rejected call must not use a sequence number");
+    finish(pg, *store);
+  });
+}
+
+TEST_CASE("gloo all_reduce: uint8, and integer Avg truncates toward zero") {
+  run_ranks(2, [](int rank, int w, const std::shared_ptr<TCPStore>& store) {
+    auto pg = make_group(rank, w, store);
+    // Rank 0 holds 2, rank 1 holds 5.
+    const std::vector<std::pair<ReduceOp, double>> expected = {
+        {ReduceOp::Sum, 7}, {ReduceOp::Avg, 3}, {ReduceOp::Max, 5}, {ReduceOp::Min, 2}};
+    for (const auto& [op, want] : expected) {
+      Tensor u = ops::full({3}, 3 * rank + 2, kUInt8);
+      pg->all_reduce(u, op)->wait();
+      for (double v : u.to_vector<double>())
+        EXPECT(v == want, "uint8 " << reduce_op_name(op) << ": got " << v << ", want " << want);
+    }
+    // -3 and 0: the average -1.5 becomes -1 (truncation, as C++'s `/` and NCCL's ncclAvg), not
+    // -2 (a floor division).
+    Tensor i = ops::full({2}, rank == 0 ? -3 : 0, kInt32);
+    pg->all_reduce(i, ReduceOp::Avg)->wait();
+    for (double v : i.to_vector<double>()) EXPECT(v == -1, "int32 avg: got " << v);
     finish(pg, *store);
   });
 }

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 
 extern char** environ;
 

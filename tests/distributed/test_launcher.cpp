@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store_socket.h"
+#include "distributed/store/store_socket.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store.h"
-#include "distributed/store_protocol.h"
-#include "distributed/store_socket.h"
+#include "distributed/store/store.h"
+#include "distributed/store/store_protocol.h"
+#include "distributed/store/store_socket.h"
 #include "tensor/error.h"
 
 using namespace ddplab::distributed;

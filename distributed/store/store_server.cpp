@@ -1,5 +1,5 @@
 // The TCPStore server loop (see store_server.h): accept, read frames, execute, reply, park waiters.
-#include "distributed/store_server.h"
+#include "distributed/store/store_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/store_protocol.h"
+#include "distributed/store/store_protocol.h"
 #include "tensor/error.h"
 
 namespace ddplab::distributed {
@@ -75,10 +75,11 @@ Bytes to_bytes(const std::string& s) {
   return Bytes(s.begin(), s.end());
 }
 
-// The key-value state and request execution; no sockets here.
-class Engine {
+// StoreState: the key-value map and the execution of requests against it (replies, parked
+// waiters, the token check). No sockets here: TCPStoreServer::run owns those.
+class StoreState {
  public:
-  explicit Engine(std::string token) : token_(std::move(token)) {}
+  explicit StoreState(std::string token) : token_(std::move(token)) {}
 
   // Executes one request payload for `c`; leaves a reply in c.out or parks c.
   void execute(Conn& c, const uint8_t* payload, size_t n) {
@@ -253,7 +254,7 @@ TCPStoreServer::~TCPStoreServer() {
 }
 
 void TCPStoreServer::run() {
-  Engine engine(token_);
+  StoreState state(token_);
   std::vector<std::unique_ptr<Conn>> conns;
   std::vector<pollfd> fds;
   std::vector<uint8_t> chunk(64 * 1024);
@@ -315,15 +316,15 @@ void TCPStoreServer::run() {
       if (!drop && c.in.size() >= 4 && !c.parked && c.out.empty()) {
         uint32_t len = protocol::decode_u32(c.in.data());
         if (len == 0 || len > protocol::kMaxFrameBytes) {
-          engine.log_close(c, "frame length " + std::to_string(len) + " is out of bounds");
+          state.log_close(c, "frame length " + std::to_string(len) + " is out of bounds");
           drop = true;
         } else if (c.in.size() >= 4 + size_t(len)) {
           try {
-            engine.execute(c, c.in.data() + 4, len);
+            state.execute(c, c.in.data() + 4, len);
             data_changed = true;
             c.in.erase(c.in.begin(), c.in.begin() + 4 + len);
           } catch (const ProtocolError& e) {
-            engine.log_close(c, e.reason);
+            state.log_close(c, e.reason);
             drop = true;
           }
         }
@@ -334,7 +335,7 @@ void TCPStoreServer::run() {
     std::vector<std::unique_ptr<Conn>> alive;
     for (auto& c : conns) {
       if (!c->fd) continue;
-      if (data_changed && c->parked) engine.try_unpark(*c);
+      if (data_changed && c->parked) state.try_unpark(*c);
       alive.push_back(std::move(c));
     }
     conns.swap(alive);

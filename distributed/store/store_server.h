@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "distributed/store_socket.h"
+#include "distributed/store/store_socket.h"
 
 namespace ddplab::distributed {
 

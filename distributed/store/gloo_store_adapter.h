@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 
 namespace ddplab::distributed {
 

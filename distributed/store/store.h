@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/store_socket.h"
+#include "distributed/store/store_socket.h"
 
 namespace ddplab::distributed {
 

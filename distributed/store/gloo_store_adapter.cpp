@@ -1,5 +1,5 @@
 // GlooStoreAdapter: byte-vector conversion between Gloo's store interface and ours.
-#include "distributed/gloo_store_adapter.h"
+#include "distributed/store/gloo_store_adapter.h"
 
 #include <utility>
 

@@ -1,5 +1,5 @@
 // Encoding and bounds-checked decoding of TCPStore frames (see store_protocol.h).
-#include "distributed/store_protocol.h"
+#include "distributed/store/store_protocol.h"
 
 namespace ddplab::distributed::protocol {
 

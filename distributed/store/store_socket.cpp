@@ -1,5 +1,5 @@
 // TCP helpers (see store_socket.h). All waits go through poll() with a deadline.
-#include "distributed/store_socket.h"
+#include "distributed/store/store_socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>

@@ -1,12 +1,12 @@
 // Store helpers, the TCPStore client and PrefixStore (see store.h; wire format in
 // store_protocol.h, server in store_server.cpp).
-#include "distributed/store.h"
+#include "distributed/store/store.h"
 
 #include <cstdlib>
 #include <sstream>
 
-#include "distributed/store_protocol.h"
-#include "distributed/store_server.h"
+#include "distributed/store/store_protocol.h"
+#include "distributed/store/store_server.h"
 #include "tensor/error.h"
 
 namespace ddplab::distributed {
