@@ -84,9 +84,6 @@ class DistributedDataParallel : public nn::Module {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
  private:
-  // Fails on every rank, naming the differences, when the ranks' models differ.
-  void verify_same_model_on_all_ranks();
-
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DDPOptions options_;
