@@ -56,11 +56,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   for (const Tensor& b : module_->buffers()) state.push_back(b);
   if (pg_->size() > 1 && !state.empty()) broadcast_coalesced(*pg_, state, 0);
 
-  ReducerOptions ro;
-  ro.bucket_cap_mb = options.bucket_cap_mb;
-  ro.first_bucket_cap_mb = options.first_bucket_cap_mb;
-  ro.gradient_as_bucket_view = options.gradient_as_bucket_view;
-  reducer_ = std::make_unique<Reducer>(module_->named_parameters(), pg_, ro);
+  reducer_ = std::make_unique<Reducer>(module_->named_parameters(), pg_, options.reducer);
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
