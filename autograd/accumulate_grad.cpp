@@ -15,7 +15,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   Tensor g = grad_outputs.empty() ? Tensor() : grad_outputs[0];
   if (!g.defined()) return {};
   AutogradMeta& m = autograd_meta(variable_);
-  for (const GradHook& hook : m.hooks) {
+  for (const auto& hook : m.hooks) {
     Tensor r = hook(g);
     if (r.defined()) g = r;
   }
@@ -29,7 +29,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   } else {
     ops::add_(m.grad, g.dtype() == m.grad.dtype() ? g : ops::to(g, m.grad.dtype()));
   }
-  for (const PostAccumulateGradHook& hook : m.post_accumulate_hooks) hook(variable_);
+  for (const auto& hook : m.post_accumulate_hooks) hook(variable_);
   return {};
 }
 

@@ -22,6 +22,34 @@ class Node;
 using GradHook = std::function<Tensor(const Tensor& grad)>;  // may replace the gradient
 using PostAccumulateGradHook = std::function<void(const Tensor& param)>;  // after .grad is updated
 
+// A hook as stored: the function and the id its RemovableHandle finds it by. Called like the
+// function itself, so the code that runs hooks does not see the id.
+template <class Fn>
+struct RegisteredHook {
+  RegisteredHook(Fn fn, uint64_t id = 0) : fn(std::move(fn)), id(id) {}  // NOLINT: implicit
+  template <class... Args>
+  auto operator()(Args&&... args) const {
+    return fn(std::forward<Args>(args)...);
+  }
+  Fn fn;
+  uint64_t id;  // 0: registered without a handle, cannot be removed
+};
+
+// What register_hook and register_post_accumulate_grad_hook return (PyTorch's RemovableHandle):
+// remove() unregisters the hook. Letting the handle go does NOT remove the hook (as in PyTorch),
+// so an owner that installs hooks keeps its handles and removes them when it goes away (the
+// Reducer does, in its destructor). Do not remove a hook from inside a hook of the same tensor.
+class RemovableHandle {
+ public:
+  RemovableHandle() = default;
+  explicit RemovableHandle(std::function<void()> remover) : remover_(std::move(remover)) {}
+  // Idempotent; a no-op when the tensor or graph node holding the hook is already gone.
+  void remove();
+
+ private:
+  std::function<void()> remover_;
+};
+
 // Where a gradient goes: input slot `input_nr` of node `fn`.
 struct Edge {
   std::shared_ptr<Node> fn;
@@ -51,7 +79,7 @@ class Node {
   // Hooks registered on non-leaf tensors this node produced, as (output_nr, hook). The engine runs
   // them on the fully summed gradient of that output just before apply(). They live on the node,
   // not on the tensor, because the graph usually outlives the intermediate tensor's handle.
-  std::vector<std::pair<uint32_t, GradHook>> tensor_pre_hooks;
+  std::vector<std::pair<uint32_t, RegisteredHook<GradHook>>> tensor_pre_hooks;
 };
 
 struct AutogradMeta {
@@ -60,8 +88,9 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;         // null for leaves
   uint32_t output_nr = 0;                // which output of grad_fn this tensor is
   std::weak_ptr<Node> grad_accumulator;  // leaves: their AccumulateGrad node, made on demand
-  std::vector<GradHook> hooks;           // leaves only (non-leaf hooks: Node::tensor_pre_hooks)
-  std::vector<PostAccumulateGradHook> post_accumulate_hooks;
+  // Leaves only (non-leaf hooks: Node::tensor_pre_hooks).
+  std::vector<RegisteredHook<GradHook>> hooks;
+  std::vector<RegisteredHook<PostAccumulateGradHook>> post_accumulate_hooks;
 };
 
 // --- for op authors ----------------------------------------------------------------------------
@@ -90,9 +119,11 @@ void set_history(const std::vector<Tensor>& outputs, const std::shared_ptr<Node>
 
 // --- hooks
 // ------------------------------------------------------------------------------------------
-void register_hook(const Tensor& t, GradHook hook);
+// Runs on the gradient of `t` before it moves on (leaf: before it is accumulated into .grad;
+// non-leaf: on the fully summed gradient); a defined return value replaces the gradient.
+RemovableHandle register_hook(const Tensor& t, GradHook hook);
 // Runs after the engine has accumulated a new gradient into leaf.grad() (DDP's readiness signal).
-void register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
+RemovableHandle register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
 
 // The tensor's autograd metadata, created on first use (extension: op authors rarely need it).
 AutogradMeta& autograd_meta(const Tensor& t);

@@ -1,7 +1,9 @@
 // Tensor's autograd side: requires_grad, .grad, grad_fn, detach, backward; the thread-local grad
 // mode; how an op joins the graph (needs_grad, gradient_edge, set_history); hooks; and the
 // AccumulateGrad node that delivers gradients into leaves.
+#include <algorithm>
 #include <atomic>
+#include <utility>
 
 #include "autograd/accumulate_grad.h"
 #include "autograd/engine.h"
@@ -75,25 +77,67 @@ void set_history(const std::vector<Tensor>& outputs, const std::shared_ptr<Node>
   }
 }
 
-void register_hook(const Tensor& t, GradHook hook) {
+namespace {
+
+uint64_t next_hook_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
+template <class Fn>
+uint64_t get_id(const RegisteredHook<Fn>& h) {
+  return h.id;
+}
+uint64_t get_id(const std::pair<uint32_t, RegisteredHook<GradHook>>& h) {  // (output_nr, hook)
+  return h.second.id;
+}
+
+template <class Hook>
+void erase_hook(std::vector<Hook>& hooks, uint64_t id) {
+  hooks.erase(
+      std::remove_if(hooks.begin(), hooks.end(), [id](const Hook& h) { return get_id(h) == id; }),
+      hooks.end());
+}
+
+}  // namespace
+
+void RemovableHandle::remove() {
+  if (remover_) std::exchange(remover_, nullptr)();
+}
+
+// The handles hold weak pointers: a hook lives as long as its tensor's metadata (leaf) or its
+// graph node (non-leaf), and removing it after that is a no-op rather than a dangling access.
+RemovableHandle register_hook(const Tensor& t, GradHook hook) {
   DDP_CHECK(t.requires_grad(), "register_hook: the tensor (shape "
                                    << shape_str(t.shape())
                                    << ") does not require grad, so no gradient will reach it");
   AutogradMeta& m = autograd_meta(t);
+  const uint64_t id = next_hook_id();
   if (m.grad_fn) {
-    m.grad_fn->tensor_pre_hooks.emplace_back(m.output_nr, std::move(hook));
-  } else {
-    m.hooks.push_back(std::move(hook));
+    m.grad_fn->tensor_pre_hooks.emplace_back(m.output_nr, RegisteredHook(std::move(hook), id));
+    return RemovableHandle([node = std::weak_ptr<Node>(m.grad_fn), id] {
+      if (auto n = node.lock()) erase_hook(n->tensor_pre_hooks, id);
+    });
   }
+  m.hooks.emplace_back(std::move(hook), id);
+  return RemovableHandle([meta = std::weak_ptr<AutogradMeta>(t.impl().autograd_meta), id] {
+    if (auto mm = meta.lock()) erase_hook(mm->hooks, id);
+  });
 }
 
-void register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+RemovableHandle register_post_accumulate_grad_hook(const Tensor& leaf,
+                                                   PostAccumulateGradHook hook) {
   DDP_CHECK(leaf.requires_grad() && leaf.is_leaf(),
             "register_post_accumulate_grad_hook: expected a leaf tensor that requires grad "
             "(a parameter), got shape "
                 << shape_str(leaf.shape())
                 << (leaf.is_leaf() ? " that does not require grad" : " with a grad_fn"));
-  autograd_meta(leaf).post_accumulate_hooks.push_back(std::move(hook));
+  AutogradMeta& m = autograd_meta(leaf);
+  const uint64_t id = next_hook_id();
+  m.post_accumulate_hooks.emplace_back(std::move(hook), id);
+  return RemovableHandle([meta = std::weak_ptr<AutogradMeta>(leaf.impl().autograd_meta), id] {
+    if (auto mm = meta.lock()) erase_hook(mm->post_accumulate_hooks, id);
+  });
 }
 
 }  // namespace autograd

@@ -2,8 +2,8 @@
 //
 // Every rank holds a full copy of the model and trains on its own slice of each batch. Wrapping
 // the model in DDP keeps the copies identical:
-//   - at construction, it checks that all ranks hold the same parameters (names, shapes, dtypes)
-//     and copies rank 0's parameters and buffers to every rank;
+//   - at construction, it checks that all ranks hold the same parameters (names, shapes, dtypes;
+//     distributed/model_check.h) and copies rank 0's parameters and buffers to every rank;
 //   - in forward, it copies rank 0's buffers (BatchNorm running stats) to every rank, runs the
 //     model, and arms the Reducer (distributed/reducer.h);
 //   - during backward, the Reducer averages the gradients across ranks in buckets, overlapping the
@@ -32,16 +32,16 @@
 
 namespace ddplab::distributed {
 
+// Every option must be the same on every rank (they decide which collectives run).
 struct DDPOptions {
-  double bucket_cap_mb = 25;       // every bucket but the first (Note [Bucket order])
-  double first_bucket_cap_mb = 1;  // the first bucket, small so communication starts early
+  // How gradients are bucketed and averaged: bucket_cap_mb, first_bucket_cap_mb,
+  // gradient_as_bucket_view, rebuild_buckets (distributed/reducer.h).
+  ReducerOptions reducer;
   // Walk the graph after each forward and mark parameters it does not reach as ready
   // (Note [Unused parameters]). Needed when some parameters take no part in some iterations.
   bool find_unused_parameters = false;
   // Copy rank 0's buffers to every rank at the start of each training forward.
   bool broadcast_buffers = true;
-  // Make every .grad a view into its bucket: no copy back after the all-reduce, less memory.
-  bool gradient_as_bucket_view = false;
 };
 
 class DistributedDataParallel : public nn::Module {
@@ -84,9 +84,6 @@ class DistributedDataParallel : public nn::Module {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
  private:
-  // Fails on every rank, naming the differences, when the ranks' models differ.
-  void verify_same_model_on_all_ranks();
-
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DDPOptions options_;

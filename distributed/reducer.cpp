@@ -5,13 +5,16 @@
 // Note [Bucket order]
 // ~~~~~~~~~~~~~~~~~~~
 // Backward produces gradients roughly last layer first (the engine runs the latest-created node
-// first, see autograd/engine.cpp). So we lay the parameters out in REVERSE registration order:
-// bucket 0 holds the last layer's parameters, the last bucket the first layer's. Bucket 0 is
-// capped small (first_bucket_cap_mb, 1 MB) so that it fills, and its all-reduce starts, after
-// only a few layers of backward; the others are capped at bucket_cap_mb (25 MB), large enough
-// that each all-reduce amortises its fixed latency. A bucket never exceeds its cap unless one
-// parameter alone does (it then gets a bucket of its own), and holds one dtype (a change of dtype
-// starts a new bucket), so the whole bucket is one flat buffer and one collective.
+// first, see autograd/engine.cpp). So before any backward has run we lay the parameters out in
+// REVERSE registration order: bucket 0 holds the last layer's parameters, the last bucket the
+// first layer's (after the first iteration, the observed order replaces this guess: Note
+// [Rebuilding buckets]). Bucket 0 is capped small (first_bucket_cap_mb, 1 MB) so that it fills,
+// and its all-reduce starts, after only a few layers of backward; the others are capped at
+// bucket_cap_mb (25 MB), large enough that each all-reduce amortises its fixed latency. A bucket
+// never exceeds its cap unless one parameter alone does (it then gets a bucket of its own), and
+// holds one dtype (a change of dtype starts a new bucket), so the whole bucket is one flat buffer
+// and one collective. The assignment is a pure function: compute_bucket_layout
+// (distributed/bucket_layout.h).
 //
 // Buckets are LAUNCHED strictly in bucket order: bucket i's all-reduce is issued only after
 // buckets 0..i-1 were issued, even when bucket i happens to be ready first. The reason is the one
@@ -21,9 +24,30 @@
 // branch, thread timing), so "launch whatever is ready" would let rank 0 issue bucket 2 while
 // rank 1 issues bucket 1 as the same collective: they would sum unrelated data, or hang when the
 // sizes differ. A bucket that is ready early just waits for its predecessors.
-// PyTorch additionally rebuilds its buckets after the first iteration in the order gradients
-// actually arrived; ddplab keeps the static layout (simpler, and the order above is already
-// right for feed-forward models).
+//
+// Note [Rebuilding buckets]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Reverse registration order is only a guess at the order of backward. A model that registers
+// its layers in another order than it uses them (a head created before the trunk, a branch
+// registered last) would put late gradients in bucket 0, and with in-order launching (above)
+// nothing would go on the wire until late in backward. So after the first synchronized backward
+// the Reducer lays its buckets out again, with the same caps and dtype rule, in the order the
+// gradients actually arrived (the hooks record it), as PyTorch does. Once: a static graph yields
+// the same order every iteration.
+// The layout must be IDENTICAL on every rank, because an all-reduce is matched across ranks by
+// its position in the sequence and adds the buffers element by element: if bucket 0 held
+// [fc.weight, fc.bias] on rank 0 and [fc.bias, fc.weight] on rank 1, the sum would add weights to
+// biases (or hang, when the sizes differ). But each rank observes its own arrival order, and the
+// orders can differ: data-dependent branches, and nodes that become ready together in backward
+// run in an order no rank coordinates. So rank 0's order is broadcast (one int64 tensor) and
+// every rank adopts it. The broadcast is issued inside the end-of-backward callback, right after
+// the bucket all-reduces have completed: every rank reaches that point at the same position of
+// its sequence of collectives, so it cannot be matched against anything else.
+// With gradient_as_bucket_view, each .grad is a view into an old bucket: its value is copied into
+// its new slot and .grad becomes the new view, so the optimizer never sees the change.
+// With find_unused_parameters the buckets are not rebuilt (PyTorch does the same): the arrival
+// order then covers only the parameters used in that one iteration, which may change from one
+// iteration (and one rank) to the next, so it is no better a guess than registration order.
 //
 // Note [Averaging]
 // ~~~~~~~~~~~~~~~~
@@ -32,13 +56,20 @@
 // then divide by W): that makes W ranks with batch B step exactly like one process with batch
 // W*B, and the learning rate need not change with W. (Summing instead would multiply the
 // effective learning rate by W.)
-// We divide BEFORE the sum: each rank scales its bucket by 1/W, then all-reduces with Sum. In
-// exact arithmetic the order does not matter. In floating point it does: summing first makes the
-// partial sums up to W times larger than any one gradient. In fp16 (max 65504) a large gradient
-// times W can overflow to inf, which the later division cannot undo; dividing first keeps every
-// partial sum within the range of the inputs. The cost is precision at the small end (g/W can
-// underflow in fp16 when g is tiny and W is huge), which matters less than overflow and which
-// loss scaling exists to fix. PyTorch divides before the sum for the same reason.
+// We divide BEFORE the sum: each gradient is multiplied by 1/W as it is copied into its bucket
+// slot (ops::mul_out: one pass over the data, instead of a copy and then a second pass over the
+// whole bucket), and the all-reduce sums. In exact arithmetic the order does not matter. In
+// floating point it does: summing first makes the partial sums up to W times larger than any one
+// gradient. In fp16 (max 65504) a large gradient times W can overflow to inf, which the later
+// division cannot undo; dividing first keeps every partial sum within the range of the inputs.
+// The cost is precision at the small end (g/W can underflow in fp16 when g is tiny and W is
+// huge), which matters less than overflow and which loss scaling exists to fix.
+// PyTorch does the same: its reducer multiplies each gradient by 1/div_factor (the world size)
+// while copying it into the bucket view, and says why: it saves one scan over the gradients. Its
+// default communication hook, which divides a whole bucket before its all-reduce, gives the
+// overflow reason ("especially for FP16").
+// With gradient_as_bucket_view the gradient may already BE its slot (from the previous
+// iteration); then it is scaled in place, once. A parameter without a gradient gets a zero slot.
 //
 // Note [Unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -59,6 +90,18 @@
 // where none does, .grad is left untouched (undefined), as in single-process training, so an
 // optimizer skips the parameter; where some do, every rank gets the average.
 //
+// Note [Hook lifetime]
+// ~~~~~~~~~~~~~~~~~~~~
+// The Reducer's hooks live on the parameters (post-accumulate-grad hooks) and on the forward's
+// output (a grad hook), which outlive the Reducer: a model may be unwrapped and wrapped again, or
+// a graph built under one DDP may be backpropagated after it is gone. Each registration returns a
+// RemovableHandle and ~Reducer removes them all, so no hook can call into a destroyed Reducer and
+// a second DDP on the same model does not find the first one's hooks still firing. That leaves
+// the end-of-backward callback (autograd::queue_callback), which cannot be removed: it is queued
+// by a hook during a backward and runs when that same backward finishes, so it could only outlive
+// the Reducer if a hook destroyed the DDP in the middle of its own backward, which is not
+// supported. Hence no liveness flag: every callback may assume `this` is alive.
+//
 // Note [no_sync]
 // ~~~~~~~~~~~~~~
 // Gradient accumulation over k micro-batches needs only one all-reduce, at the last one.
@@ -67,7 +110,9 @@
 // adds in place). The first backward after no_sync() is armed; its hooks run after the engine
 // has added that micro-batch's gradient, so what they copy into the buckets is the SUM over all
 // k micro-batches, and one round of all-reduces averages that sum across ranks. With each
-// micro-batch loss divided by k, the result equals one step on a batch k times larger.
+// micro-batch loss divided by k, the result equals one step on a batch k times larger. (With
+// gradient_as_bucket_view, .grad is the bucket slot: the no_sync backward passes add into it in
+// place, and the synced one scales the sum in place before the all-reduce.)
 #include "distributed/reducer.h"
 
 #include <algorithm>
@@ -75,14 +120,14 @@
 #include <unordered_set>
 
 #include "autograd/engine.h"
-#include "autograd/node.h"
+#include "distributed/bucket_layout.h"
 #include "tensor/ops.h"
 
 namespace ddplab::distributed {
 
 Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
                  std::shared_ptr<ProcessGroup> pg, ReducerOptions options)
-    : pg_(std::move(pg)), options_(options), alive_(std::make_shared<bool>(true)) {
+    : pg_(std::move(pg)), options_(options) {
   DDP_CHECK(pg_ != nullptr, "Reducer: no process group");
   DDP_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
             "Reducer: bucket caps must be positive, got bucket_cap_mb="
@@ -96,29 +141,45 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
     params_.push_back(t);
   }
 
-  // Lay out the buckets: last parameter first (Note [Bucket order]).
-  const double mb = 1024.0 * 1024.0;
-  auto cap_bytes = [&](size_t bucket) {
-    return static_cast<size_t>((bucket == 0 ? options.first_bucket_cap_mb : options.bucket_cap_mb) *
-                               mb);
-  };
-  std::vector<std::vector<size_t>> layout;
-  size_t bytes = 0;
-  for (size_t i = params_.size(); i-- > 0;) {
-    const size_t nb = params_[i].nbytes();
-    const bool new_bucket = layout.empty() ||
-                            params_[i].dtype() != params_[layout.back().front()].dtype() ||
-                            bytes + nb > cap_bytes(layout.size() - 1);
-    if (new_bucket) {
-      layout.emplace_back();
-      bytes = 0;
-    }
-    layout.back().push_back(i);
-    bytes += nb;
-  }
+  // Last parameter first (Note [Bucket order]).
+  std::vector<size_t> reverse_registration(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) reverse_registration[i] = params_.size() - 1 - i;
+  initialize_buckets(reverse_registration);
 
-  bucket_of_.resize(params_.size());
-  slot_of_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {  // Note [Hook lifetime]
+    grad_hooks_.push_back(autograd::register_post_accumulate_grad_hook(
+        params_[i], [this, i](const Tensor&) { on_gradient_ready(i); }));
+  }
+}
+
+Reducer::~Reducer() {
+  for (auto& h : grad_hooks_) h.remove();
+  for (auto& h : output_hooks_) h.remove();
+  // Launched all-reduces still write into our buffers: let them finish first.
+  for (auto& w : works_) {
+    if (!w) continue;
+    try {
+      w->wait();
+    } catch (const std::exception&) {  // a failed collective has no buffer access left
+    }
+  }
+}
+
+void Reducer::initialize_buckets(const std::vector<size_t>& order) {
+  std::vector<size_t> nbytes;
+  std::vector<DType> dtypes;
+  for (const Tensor& p : params_) {
+    nbytes.push_back(p.nbytes());
+    dtypes.push_back(p.dtype());
+  }
+  const double mb = 1024.0 * 1024.0;
+  const std::vector<std::vector<size_t>> layout = compute_bucket_layout(
+      nbytes, dtypes, order, static_cast<size_t>(options_.first_bucket_cap_mb * mb),
+      static_cast<size_t>(options_.bucket_cap_mb * mb));
+
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  slot_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < layout.size(); ++b) {
     Bucket bucket;
     bucket.params = layout[b];
@@ -135,7 +196,8 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
                     params_[i].shape()));
       bucket_of_[i] = b;
       slot_of_[i] = k;
-      // gradient_as_bucket_view: an existing gradient moves into the bucket now.
+      // gradient_as_bucket_view: an existing gradient (also a view into an old bucket, on a
+      // rebuild) moves into the bucket now.
       if (options_.gradient_as_bucket_view && params_[i].grad().defined()) {
         ops::copy_(bucket.views[k], params_[i].grad());
         params_[i].set_grad(bucket.views[k]);
@@ -143,33 +205,9 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
     }
     buckets_.push_back(std::move(bucket));
   }
-
   ready_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
-  works_.resize(buckets_.size());
-
-  // The hooks are owned by the parameters and may outlive this Reducer: they check `alive` first.
-  std::weak_ptr<bool> alive = alive_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    autograd::register_post_accumulate_grad_hook(params_[i], [this, alive, i](const Tensor&) {
-      if (!alive.expired()) on_gradient_ready(i);
-    });
-  }
-}
-
-Reducer::~Reducer() {
-  // Launched all-reduces still write into our buffers: let them finish first.
-  for (auto& w : works_) {
-    if (!w) continue;
-    try {
-      w->wait();
-    } catch (const std::exception&) {  // a failed collective has no buffer access left
-    }
-  }
-}
-
-double Reducer::now_ms() const {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+  works_.assign(buckets_.size(), nullptr);
 }
 
 std::string Reducer::unready_parameter_names() const {
@@ -211,10 +249,8 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs,
     pending_[b] = static_cast<int64_t>(buckets_[b].params.size());
   }
   next_bucket_ = 0;
-  timeline_ = IterationTimeline{};
-  timeline_.iteration = iteration_;
-  timeline_.buckets.assign(buckets_.size(), BucketTimes{});
-  timeline_.param_ready_ms.assign(params_.size(), -1);
+  arrival_order_.clear();
+  timeline_.begin(iteration_, buckets_.size(), params_.size());
 
   unused_.clear();
   if (find_unused_parameters) {  // Note [Unused parameters]
@@ -223,30 +259,32 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs,
       if (!reached.count(params_[i].impl_ptr().get())) unused_.push_back(i);
     }
   }
-  // The iteration's clock starts when backward reaches the module's output.
-  std::weak_ptr<bool> alive = alive_;
+  // Backward starts when it reaches the module's output. The previous iteration's output hooks
+  // went with its graph; removing them is a no-op unless that graph is still alive.
+  for (auto& h : output_hooks_) h.remove();
+  output_hooks_.clear();
   for (const Tensor& out : outputs) {
     if (!out.defined() || !out.requires_grad() || out.is_leaf()) continue;
-    autograd::register_hook(out, [this, alive](const Tensor&) {
-      if (!alive.expired()) on_output_grad();
+    output_hooks_.push_back(autograd::register_hook(out, [this](const Tensor&) {
+      on_output_grad();
       return Tensor();  // observe only; the gradient passes unchanged
-    });
+    }));
   }
 }
 
-void Reducer::start_iteration_clock() {
+void Reducer::start_backward() {
   backward_started_ = true;
-  t0_ = std::chrono::steady_clock::now();
+  timeline_.backward_started();
   for (size_t i : unused_) mark_ready(i);  // Note [Unused parameters]
 }
 
 void Reducer::on_output_grad() {
-  if (armed_ && !backward_started_) start_iteration_clock();
+  if (armed_ && !backward_started_) start_backward();
 }
 
 void Reducer::on_gradient_ready(size_t i) {
   if (!armed_) return;  // no_sync(), or a backward that DDP's forward did not prepare for
-  if (!backward_started_) start_iteration_clock();
+  if (!backward_started_) start_backward();
   DDP_CHECK(!ready_[i], "DistributedDataParallel: parameter '"
                             << names_[i]
                             << "' received a gradient twice in one iteration. Expected each "
@@ -254,7 +292,8 @@ void Reducer::on_gradient_ready(size_t i) {
                                "before every backward, and do not use a parameter outside the "
                                "module's forward (e.g. in a loss term) when "
                                "find_unused_parameters=true has marked it unused.");
-  timeline_.param_ready_ms[i] = now_ms();
+  timeline_.param_ready(i);
+  if (options_.rebuild_buckets && !buckets_rebuilt_) arrival_order_.push_back(i);
   mark_ready(i);
 }
 
@@ -263,14 +302,17 @@ void Reducer::mark_ready(size_t i) {
   const size_t b = bucket_of_[i];
   const Tensor& slot = buckets_[b].views[slot_of_[i]];
   const Tensor grad = params_[i].grad();
+  const double scale = 1.0 / pg_->size();  // Note [Averaging]: divide on the way in, then sum
   if (!grad.defined()) {
     ops::zero_(slot);  // an unused parameter contributes nothing
-  } else if (!grad.is_same(slot)) {
-    ops::copy_(slot, grad);
+  } else if (grad.is_same(slot)) {
+    ops::mul_(slot, scale);  // gradient_as_bucket_view: the gradient already is the slot
+  } else {
+    ops::mul_out(slot, grad, scale);
     if (options_.gradient_as_bucket_view) params_[i].set_grad(slot);  // from now on, a view
   }
   if (--pending_[b] == 0) {
-    timeline_.buckets[b].ready_ms = now_ms();
+    timeline_.bucket_ready(b);
     launch_ready_buckets();
   }
   poll_finished();
@@ -279,31 +321,24 @@ void Reducer::mark_ready(size_t i) {
 void Reducer::launch_ready_buckets() {
   // Note [Bucket order]: only a prefix of ready buckets may go.
   while (next_bucket_ < buckets_.size() && pending_[next_bucket_] == 0) {
-    const Tensor& buffer = buckets_[next_bucket_].buffer;
-    ops::mul_(buffer, 1.0 / pg_->size());  // Note [Averaging]: divide, then sum
-    timeline_.buckets[next_bucket_].launched_ms = now_ms();
-    works_[next_bucket_] = pg_->all_reduce(buffer, ReduceOp::Sum);
+    timeline_.bucket_launched(next_bucket_);
+    works_[next_bucket_] = pg_->all_reduce(buckets_[next_bucket_].buffer, ReduceOp::Sum);
     ++next_bucket_;
   }
   if (next_bucket_ == buckets_.size()) {
     // Every bucket is in flight: collect them once the engine has finished this backward.
-    std::weak_ptr<bool> alive = alive_;
-    autograd::queue_callback([this, alive] {
-      if (!alive.expired()) finalize_backward();
-    });
+    autograd::queue_callback([this] { finalize_backward(); });  // Note [Hook lifetime]
   }
 }
 
 void Reducer::poll_finished() {
   for (size_t b = 0; b < next_bucket_; ++b) {
-    if (timeline_.buckets[b].finished_ms < 0 && works_[b]->is_completed()) {
-      timeline_.buckets[b].finished_ms = now_ms();
-    }
+    if (works_[b]->is_completed()) timeline_.bucket_finished(b);
   }
 }
 
 void Reducer::finalize_backward() {
-  timeline_.backward_end_ms = now_ms();
+  timeline_.backward_ended();
   poll_finished();
   // Note [Unused parameters]: how many ranks hold a gradient for each parameter.
   Tensor holders;
@@ -316,7 +351,7 @@ void Reducer::finalize_backward() {
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     works_[b]->wait();
-    if (timeline_.buckets[b].finished_ms < 0) timeline_.buckets[b].finished_ms = now_ms();
+    timeline_.bucket_finished(b);
     works_[b].reset();
   }
   std::vector<float> held;
@@ -341,8 +376,24 @@ void Reducer::finalize_backward() {
   }
   armed_ = false;
   ++iteration_;
-  timeline_.finalized_ms = now_ms();
-  last_timeline_ = timeline_;
+  timeline_.finalized();
+  if (options_.rebuild_buckets && !buckets_rebuilt_ && !find_unused_) rebuild_buckets();
+}
+
+void Reducer::rebuild_buckets() {
+  // Note [Rebuilding buckets]. Without find_unused_parameters a backward finishes only when every
+  // parameter got its gradient, so every rank holds a full order of the same length.
+  DDP_CHECK(arrival_order_.size() == params_.size(),
+            "Reducer: recorded " << arrival_order_.size() << " gradient arrivals for "
+                                 << params_.size() << " parameters");
+  Tensor order =
+      ops::from_vector<int64_t>(std::vector<int64_t>(arrival_order_.begin(), arrival_order_.end()),
+                                {static_cast<int64_t>(arrival_order_.size())}, kInt64);
+  if (pg_->size() > 1) pg_->broadcast(order, 0)->wait();
+  const std::vector<int64_t> rank0_order = order.to_vector<int64_t>();
+  initialize_buckets(std::vector<size_t>(rank0_order.begin(), rank0_order.end()));
+  buckets_rebuilt_ = true;
+  arrival_order_.clear();
 }
 
 }  // namespace ddplab::distributed

@@ -130,6 +130,9 @@ void mul_(const Tensor& t, const Tensor& other);
 void div_(const Tensor& t, const Tensor& other);
 // t = t * beta + other * alpha in one pass (optimizers' workhorse).
 void axpby_(const Tensor& t, double beta, const Tensor& other, double alpha);
+// out = t * s written into an existing tensor of t's shape in one pass, never reading out (DDP
+// copies each gradient into its bucket slot already divided by the world size).
+void mul_out(const Tensor& out, const Tensor& t, double s);
 
 // --- reductions: dims empty means all dims
 // --------------------------------------------------------

@@ -275,5 +275,13 @@ void div_(const Tensor& t, const Tensor& o) {
 void axpby_(const Tensor& t, double beta, const Tensor& o, double alpha) {
   binary_inplace(BinaryOp::Axpby, t, o, alpha, beta);
 }
+void mul_out(const Tensor& out, const Tensor& t, double s) {
+  check_same_device(out, t, "mul_out");
+  DDP_CHECK(out.shape() == t.shape(), "mul_out: input of shape " << shape_str(t.shape())
+                                                                 << " for an output of shape "
+                                                                 << shape_str(out.shape()));
+  DDP_CHECK(is_floating(out.dtype()), "mul_out: needs a floating output, got " << out.dtype());
+  backend_for(out.device()).unary(UnaryOp::MulScalar, out, to(t, out.dtype()), s, 0);
+}
 
 }  // namespace ddplab::ops

@@ -169,6 +169,57 @@ TEST_CASE("post-accumulate hooks fire once per leaf per backward, last layer fir
   }
 }
 
+TEST_CASE("hooks return a RemovableHandle; remove() unregisters exactly that hook") {
+  for (Device dev : test_devices()) {
+    INFO(dev.str());
+    Tensor x = ops::randn({2, 4}, TensorOptions(kFloat32, dev));
+    Tensor w = param({4, 3}, 15, dev);
+    int post_a = 0, post_b = 0, leaf_hook = 0, nonleaf_hook = 0;
+    autograd::RemovableHandle a =
+        autograd::register_post_accumulate_grad_hook(w, [&](const Tensor&) { ++post_a; });
+    autograd::RemovableHandle b =
+        autograd::register_post_accumulate_grad_hook(w, [&](const Tensor&) { ++post_b; });
+    autograd::RemovableHandle scale = autograd::register_hook(w, [&](const Tensor& g) {
+      ++leaf_hook;
+      return ops::mul(g, 2.0);
+    });
+    CHECK(autograd::autograd_meta(w).post_accumulate_hooks.size() == 2);
+
+    sum(matmul(x, w)).backward();
+    CHECK(post_a == 1);
+    CHECK(post_b == 1);
+    CHECK(leaf_hook == 1);
+    const Tensor doubled = ops::clone(w.grad());
+
+    // Removing one of two hooks leaves the other; removing twice is harmless.
+    a.remove();
+    a.remove();
+    scale.remove();
+    CHECK(autograd::autograd_meta(w).post_accumulate_hooks.size() == 1);
+    CHECK(autograd::autograd_meta(w).hooks.empty());
+    w.set_grad(Tensor());
+    Tensor h = matmul(x, w);
+    autograd::RemovableHandle on_h =
+        autograd::register_hook(h, [&](const Tensor&) { return ++nonleaf_hook, Tensor(); });
+    on_h.remove();
+    sum(h).backward();
+    CHECK(post_a == 1);
+    CHECK(post_b == 2);
+    CHECK(leaf_hook == 1);
+    CHECK(nonleaf_hook == 0);
+    CHECK(close(ops::mul(w.grad(), 2.0), doubled));  // no longer scaled by the removed hook
+
+    // A handle outliving its graph node: remove() is a no-op, not a dangling access.
+    autograd::RemovableHandle orphan;
+    {
+      Tensor tmp = matmul(x, w);
+      orphan = autograd::register_hook(tmp, [](const Tensor&) { return Tensor(); });
+    }
+    orphan.remove();
+    autograd::RemovableHandle().remove();  // an empty handle, too
+  }
+}
+
 TEST_CASE("queue_callback runs after every node") {
   for (Device dev : test_devices()) {
     INFO(dev.str());

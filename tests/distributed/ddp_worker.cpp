@@ -13,11 +13,18 @@
 //   overlap                bucket 0's all-reduce launches before the last gradient is ready
 //   unused_error           an unused parameter: the next forward throws, naming it
 //   unused_flag            the same model with find_unused_parameters trains like one process
-//   no_sync                3 micro-batches under no_sync + 1 synced == one 4x batch
+//   no_sync [VIEW]         3 micro-batches under no_sync + 1 synced == one 4x batch
+//                          (VIEW 1: gradient_as_bucket_view, .grad zeroed in place)
 //   mismatch               rank 1 builds a different layer: construction fails, naming it
 //   buffers BCAST          BatchNorm running stats equal rank 0's after forward (BCAST 1), or
 //                          differ (BCAST 0: the control)
 //   naive                  naive_allreduce_grads gives the Reducer's gradients
+//   rebuild VIEW           a model registered in reverse order of use: after step 1 the buckets
+//                          follow the arrival order, bucket 0 launches after fewer gradients than
+//                          with the static layout, and training equals one process
+//                          (VIEW 1: gradient_as_bucket_view, whose .grad views must move)
+//   rewrap                 a model wrapped in DDP, unwrapped, wrapped again: one set of hooks,
+//                          the same training as one process
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -123,12 +130,36 @@ class WithBatchNorm : public nn::Module {
   std::shared_ptr<nn::Linear> fc;
 };
 
+// Registered last layer first, used first layer first: reverse registration order (the static
+// bucket layout) puts the gradients that arrive LAST into bucket 0 (Note [Rebuilding buckets]).
+class ReverseRegistered : public nn::Module {
+ public:
+  static constexpr int kLayers = 6;
+  ReverseRegistered() {
+    layers.resize(kLayers);
+    for (int i = kLayers - 1; i >= 0; --i) {
+      const int64_t in = i == 0 ? kIn : 256, out = i == kLayers - 1 ? kClasses : 256;
+      layers[i] = register_module("fc" + std::to_string(i), std::make_shared<nn::Linear>(in, out));
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (int i = 0; i < kLayers; ++i) {
+      h = layers[i]->forward(h);
+      if (i + 1 < kLayers) h = nn::functional::relu(h);
+    }
+    return h;
+  }
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+};
+
 std::shared_ptr<nn::Module> make(const std::string& kind) {
   if (kind == "mlp") return make_mlp();
   if (kind == "conv") return std::make_shared<TinyConv>();
   if (kind == "deep") return make_deep();
   if (kind == "unused") return std::make_shared<WithUnused>();
   if (kind == "bn") return std::make_shared<WithBatchNorm>();
+  if (kind == "reversed") return std::make_shared<ReverseRegistered>();
   throw Error("unknown model " + kind);
 }
 
@@ -185,6 +216,18 @@ double max_param_diff(const nn::Module& a, const nn::Module& b) {
   return worst;
 }
 
+// Trains `ddp` for kSteps, each rank on its B rows of every global batch, and returns how far its
+// parameters end from the single-process reference trained on the whole batches.
+double train_and_compare(DDP& ddp, const std::string& kind, int64_t B) {
+  optim::SGD opt(ddp.parameters(), sgd_options());
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    loss_of(ddp, global_batch(step, g_world * B).rows(g_rank * B, B)).backward();
+    opt.step();
+  }
+  return max_param_diff(*ddp.module(), *train_reference(kind, g_world * B));
+}
+
 std::shared_ptr<ProcessGroup> connect(int port) {
   auto store = std::make_shared<TCPStore>("127.0.0.1", port, false, std::chrono::seconds(60));
   GlooOptions o;
@@ -197,18 +240,13 @@ std::shared_ptr<ProcessGroup> connect(int port) {
 void equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& kind, bool view) {
   const int64_t B = 8;
   DDPOptions o;
-  o.bucket_cap_mb = 0.002;  // a few KB: several buckets even for these small models
-  o.first_bucket_cap_mb = 0.001;
-  o.gradient_as_bucket_view = view;
+  // About 100 bytes: several buckets even for these small models, also after the rebuild in
+  // arrival order (conv: fc.weight arrives first and fills bucket 0 alone).
+  o.reducer.bucket_cap_mb = 0.0001;
+  o.reducer.first_bucket_cap_mb = 0.001;
+  o.reducer.gradient_as_bucket_view = view;
   auto ddp = std::make_shared<DDP>(make_seeded(kind, 42 + g_rank), pg, o);
-  optim::SGD opt(ddp->parameters(), sgd_options());
-  for (int step = 0; step < kSteps; ++step) {
-    opt.zero_grad();
-    loss_of(*ddp, global_batch(step, g_world * B).rows(g_rank * B, B)).backward();
-    opt.step();
-  }
-  auto ref = train_reference(kind, g_world * B);
-  const double diff = max_param_diff(*ddp->module(), *ref);
+  const double diff = train_and_compare(*ddp, kind, B);
   std::cout << "RESULT buckets=" << ddp->reducer().buckets().size() << " max_rel_diff=" << diff
             << "\n";
   check(ddp->reducer().buckets().size() >= 3, "expected at least 3 buckets");
@@ -218,8 +256,8 @@ void equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& kin
 void overlap(const std::shared_ptr<ProcessGroup>& pg) {
   const int64_t B = 64;
   DDPOptions o;
-  o.bucket_cap_mb = 0.3;  // one 256x256 layer (256 KB) per bucket
-  o.first_bucket_cap_mb = 0.3;
+  o.reducer.bucket_cap_mb = 0.3;  // one 256x256 layer (256 KB) per bucket
+  o.reducer.first_bucket_cap_mb = 0.3;
   auto ddp = std::make_shared<DDP>(make_seeded("deep", 7), pg, o);
   optim::SGD opt(ddp->parameters(), sgd_options());
   for (int step = 0; step < 3; ++step) {  // the last iteration's timeline is checked
@@ -282,33 +320,27 @@ void unused_flag(const std::shared_ptr<ProcessGroup>& pg) {
   const int64_t B = 8;
   DDPOptions o;
   o.find_unused_parameters = true;
-  o.bucket_cap_mb = 0.002;
-  o.first_bucket_cap_mb = 0.001;
+  o.reducer.bucket_cap_mb = 0.002;
+  o.reducer.first_bucket_cap_mb = 0.001;
   auto ddp = std::make_shared<DDP>(make_seeded("unused", 42 + g_rank), pg, o);
-  optim::SGD opt(ddp->parameters(), sgd_options());
-  for (int step = 0; step < kSteps; ++step) {
-    opt.zero_grad();
-    loss_of(*ddp, global_batch(step, g_world * B).rows(g_rank * B, B)).backward();
-    opt.step();
-  }
-  auto ref = train_reference("unused", g_world * B);
-  const double diff = max_param_diff(*ddp->module(), *ref);
+  const double diff = train_and_compare(*ddp, "unused", B);
   auto* m = dynamic_cast<WithUnused*>(ddp->module().get());
   std::cout << "RESULT max_rel_diff=" << diff << "\n";
   check(diff <= 1e-5, "parameters differ from the single-process run");
   check(!m->unused->weight.grad().defined(), "an unused parameter got a gradient");
 }
 
-void no_sync(const std::shared_ptr<ProcessGroup>& pg) {
+void no_sync(const std::shared_ptr<ProcessGroup>& pg, bool view) {
   const int64_t B = 4, k = 4;
   DDPOptions o;
-  o.bucket_cap_mb = 0.002;
-  o.first_bucket_cap_mb = 0.001;
+  o.reducer.bucket_cap_mb = 0.002;
+  o.reducer.first_bucket_cap_mb = 0.001;
+  o.reducer.gradient_as_bucket_view = view;
   auto ddp = std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg, o);
   optim::SGD opt(ddp->parameters(), sgd_options());
   for (int step = 0; step < kSteps; ++step) {
     const Batch global = global_batch(step, k * g_world * B);
-    opt.zero_grad();
+    opt.zero_grad(/*set_to_none=*/!view);  // with views: .grad stays the bucket slot
     // Micro-batch m of rank r: rows [(m*W + r)*B, +B). Any split works: all rows are summed.
     auto micro = [&](int64_t m) {
       (loss_of(*ddp, global.rows((m * g_world + g_rank) * B, B)) * (1.0 / k)).backward();
@@ -397,8 +429,8 @@ void buffers(const std::shared_ptr<ProcessGroup>& pg, bool bcast) {
 void naive(const std::shared_ptr<ProcessGroup>& pg) {
   const int64_t B = 8;
   DDPOptions o;
-  o.bucket_cap_mb = 0.002;
-  o.first_bucket_cap_mb = 0.001;
+  o.reducer.bucket_cap_mb = 0.002;
+  o.reducer.first_bucket_cap_mb = 0.001;
   auto ddp = std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg, o);
   auto plain = make_seeded("mlp", 0);
   plain->load_state_dict(ddp->module()->state_dict());  // rank 0's weights, after the broadcast
@@ -413,6 +445,89 @@ void naive(const std::shared_ptr<ProcessGroup>& pg) {
   }
   std::cout << "RESULT max_rel_diff=" << diff << "\n";
   check(diff <= 1e-6, "naive_allreduce_grads and the Reducer disagree");
+}
+
+void rebuild(const std::shared_ptr<ProcessGroup>& pg, bool view) {
+  const int64_t B = 64;  // a backward of a few ms, so the reported times mean something
+  int64_t grads_before_launch[2] = {0, 0};
+  double launch_ms[2] = {0, 0};
+  for (bool rebuild_on : {false, true}) {
+    DDPOptions o;
+    o.reducer.bucket_cap_mb = 0.3;  // about one 256x256 layer per bucket
+    o.reducer.first_bucket_cap_mb = 0.3;
+    o.reducer.gradient_as_bucket_view = view;
+    o.reducer.rebuild_buckets = rebuild_on;
+    auto ddp = std::make_shared<DDP>(make_seeded("reversed", 42 + g_rank), pg, o);
+    const Reducer& reducer = ddp->reducer();
+    const std::vector<Bucket> static_layout = reducer.buckets();
+    optim::SGD opt(ddp->parameters(), sgd_options());
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad(/*set_to_none=*/!view);  // with views, keep .grad a view (docs/ddp.md)
+      loss_of(*ddp, global_batch(step, g_world * B).rows(g_rank * B, B)).backward();
+      check(reducer.buckets_rebuilt() == rebuild_on, "buckets_rebuilt() after a step");
+      opt.step();
+    }
+    auto ref = train_reference("reversed", g_world * B);
+    const double diff = max_param_diff(*ddp->module(), *ref);
+    const IterationTimeline& tl = reducer.last_iteration_timeline();
+    const auto& names = reducer.param_names();
+    std::string bucket0;
+    for (size_t i : reducer.buckets()[0].params) bucket0 += names[i] + " ";
+    grads_before_launch[rebuild_on] = tl.buckets[0].grads_ready_at_launch;
+    launch_ms[rebuild_on] = tl.buckets[0].launched_ms;
+    std::cout << "RESULT " << (rebuild_on ? "rebuilt" : "static")
+              << " buckets=" << reducer.buckets().size() << " bucket0=[ " << bucket0
+              << "] grads_ready_at_bucket0_launch=" << tl.buckets[0].grads_ready_at_launch << "/"
+              << names.size() << " bucket0_launched_ms=" << tl.buckets[0].launched_ms
+              << " backward_end_ms=" << tl.backward_end_ms << " max_rel_diff=" << diff << "\n";
+    check(diff <= 1e-5, "parameters differ from the single-process run: " + std::to_string(diff));
+    if (!rebuild_on) continue;
+    // Bucket 0 now holds the last layer (the first gradients of backward), as rank 0 saw them.
+    check(bucket0.find("fc5.weight") != std::string::npos &&
+              bucket0.find("fc5.bias") != std::string::npos &&
+              bucket0.find("fc0.") == std::string::npos,
+          "rebuilt bucket 0 should hold fc5, not fc0: " + bucket0);
+    check(static_layout[0].params != reducer.buckets()[0].params, "the layout did not change");
+    if (view) {  // every .grad must be a view into the NEW buckets
+      for (const Bucket& b : reducer.buckets()) {
+        for (size_t k = 0; k < b.params.size(); ++k) {
+          const Tensor& p = ddp->module()->named_parameters()[b.params[k]].second;
+          check(p.grad().data_ptr<float>() == b.views[k].data_ptr<float>(),
+                names[b.params[k]] + ".grad is not a view into its rebuilt bucket");
+        }
+      }
+    }
+  }
+  check(grads_before_launch[1] < grads_before_launch[0],
+        "with rebuilt buckets, bucket 0 should launch after fewer gradients");
+  std::cout << "RESULT first_launch static: " << grads_before_launch[0] << " grads, "
+            << launch_ms[0] << " ms; rebuilt: " << grads_before_launch[1] << " grads, "
+            << launch_ms[1] << " ms\n";
+}
+
+void rewrap(const std::shared_ptr<ProcessGroup>& pg) {
+  const int64_t B = 8;
+  DDPOptions o;
+  o.reducer.bucket_cap_mb = 0.002;
+  o.reducer.first_bucket_cap_mb = 0.001;
+  auto model = make_seeded("mlp", 42 + g_rank);
+  const Batch first_batch = global_batch(0, g_world * B).rows(g_rank * B, B);
+  Tensor orphan_loss;
+  {
+    DDP first(model, pg, o);
+    loss_of(first, first_batch).backward();
+    orphan_loss = loss_of(first, first_batch);  // a graph built under `first`...
+  }
+  orphan_loss.backward();  // ...backpropagated after it is gone: its hooks must not fire
+  auto ddp = std::make_shared<DDP>(model, pg, o);
+  size_t most_hooks = 0;
+  for (const Tensor& p : model->parameters()) {
+    most_hooks = std::max(most_hooks, autograd::autograd_meta(p).post_accumulate_hooks.size());
+  }
+  const double diff = train_and_compare(*ddp, "mlp", B);
+  std::cout << "RESULT hooks_per_parameter=" << most_hooks << " max_rel_diff=" << diff << "\n";
+  check(most_hooks == 1, "the first DDP's hooks are still installed");
+  check(diff <= 1e-5, "parameters differ from the single-process run: " + std::to_string(diff));
 }
 
 }  // namespace
@@ -439,13 +554,17 @@ int main(int argc, char** argv) {
     } else if (scenario == "unused_flag") {
       unused_flag(pg);
     } else if (scenario == "no_sync") {
-      no_sync(pg);
+      no_sync(pg, !args.empty() && args[0] == "1");
     } else if (scenario == "mismatch") {
       mismatch(pg);
     } else if (scenario == "buffers") {
       buffers(pg, args.at(0) == "1");
     } else if (scenario == "naive") {
       naive(pg);
+    } else if (scenario == "rebuild") {
+      rebuild(pg, args.at(0) == "1");
+    } else if (scenario == "rewrap") {
+      rewrap(pg);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 2;

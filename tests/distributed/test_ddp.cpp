@@ -146,6 +146,7 @@ TEST_CASE("DDP with find_unused_parameters trains like one process") {
 
 TEST_CASE("DDP no_sync: 3 local micro-batches + 1 synced equal one 4x batch") {
   require_success(run_job("no_sync", 2));
+  require_success(run_job("no_sync", 2, {"1"}));  // gradient_as_bucket_view
 }
 
 TEST_CASE("DDP construction lists the parameters whose shapes differ across ranks") {
@@ -160,4 +161,13 @@ TEST_CASE("DDP broadcast_buffers makes BatchNorm running stats rank 0's") {
 TEST_CASE("naive_allreduce_grads gives the Reducer's gradients") {
   require_success(run_job("naive", 2));
   require_success(run_job("naive", 3));
+}
+
+TEST_CASE("DDP rebuilds its buckets in gradient arrival order after the first iteration") {
+  require_success(run_job("rebuild", 2, {"0"}));
+  require_success(run_job("rebuild", 2, {"1"}));  // gradient_as_bucket_view: .grad views move
+}
+
+TEST_CASE("DDP removes its hooks: wrapping a model again leaves one set") {
+  require_success(run_job("rewrap", 2));
 }

@@ -189,6 +189,10 @@ TEST_CASE("in-place ops, where, integer and bool dtypes, promotion") {
     Tensor base = ops::zeros({3, 3}, dev);
     ops::add_(ops::select(base, 1, 1), 5.0);
     CHECK(base.to_vector<float>() == std::vector<float>{0, 5, 0, 0, 5, 0, 0, 5, 0});
+    // mul_out writes t * s into a view, never reading what was there (even NaN).
+    Tensor slot = ops::narrow(ops::full({4}, std::nan(""), dev), 0, 1, 2);
+    ops::mul_out(slot, ops::from_vector<float>({2, -4}, {2}, dev), 0.5);
+    CHECK(slot.to_vector<float>() == std::vector<float>{1, -2});
     check_error_mentions(
         [&] {
           ops::add_(ops::zeros({3}, dev), ops::zeros({2, 3}, dev));
