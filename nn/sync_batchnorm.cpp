@@ -42,10 +42,9 @@
 // every rank must run the backward of every SyncBatchNorm it ran forward: a rank whose loss does
 // not depend on a layer's output would skip that layer's all-reduce.
 //
-// This file uses the generic tensor ops (tensor/ops.h) throughout, in float64 for the statistics
-// and sums, so the same code runs on the CPU and on CUDA. BatchNorm2d's fused kernels
-// (nn/batchnorm_kernels.cpp, cuDNN on CUDA) compute the same formulas for one process, and
-// SyncBatchNorm hands over to them whenever there is nothing to synchronise.
+// The local work runs batch_norm's own steps (nn/batchnorm_kernels.h: its CPU kernels, or the
+// same formulas in generic tensor ops on CUDA); this file adds the collectives and the
+// combination. Whenever there is nothing to synchronise, SyncBatchNorm is BatchNorm2d itself.
 #include "nn/sync_batchnorm.h"
 
 #include <functional>
@@ -53,6 +52,7 @@
 #include <vector>
 
 #include "autograd/function_node.h"
+#include "nn/batchnorm_kernels.h"
 #include "tensor/ops.h"
 
 namespace ddplab::nn {
@@ -61,20 +61,6 @@ namespace functional {
 
 namespace {
 
-// [1, C, 1, 1] (for a 4-D input): a per-channel vector shaped to broadcast against x.
-Tensor per_channel(const Tensor& v, const Tensor& x) {
-  Shape shape(static_cast<size_t>(x.dim()), 1);
-  shape[1] = x.size(1);
-  return ops::reshape(v, shape);
-}
-
-// Every dim but the channel dim: what the statistics sum over.
-std::vector<int64_t> reduced_dims(const Tensor& x) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-  return dims;
-}
-
 // This rank's [count, mean (C), M2 (C)] in float64: the row it contributes to the all-gather.
 Tensor local_moments(const Tensor& x) {
   const int64_t c = x.size(1);
@@ -82,11 +68,9 @@ Tensor local_moments(const Tensor& x) {
   Tensor row = ops::zeros({2 * c + 1}, {kFloat64, x.device()});
   ops::fill_(ops::narrow(row, 0, 0, 1), static_cast<double>(count));
   if (count == 0) return row;  // mean and M2 stay 0; weighted by count 0 they add nothing
-  Tensor x64 = ops::to(x, kFloat64);
-  Tensor mean = ops::mean(x64, reduced_dims(x), /*keepdim=*/true);
-  ops::copy_(ops::narrow(row, 0, 1, c), ops::reshape(mean, {c}));
-  ops::copy_(ops::narrow(row, 0, 1 + c, c),
-             ops::sum(ops::square(ops::sub(x64, mean)), reduced_dims(x)));
+  const BatchNormMoments m = batch_norm_moments(x);
+  ops::copy_(ops::narrow(row, 0, 1, c), m.mean);
+  ops::copy_(ops::narrow(row, 0, 1 + c, c), m.m2);
   return row;
 }
 
@@ -150,14 +134,7 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
     update_running(running_mean, g.mean, momentum);
     update_running(running_var, ops::mul(g.var, g.count / (g.count - 1)), momentum);
   }
-
-  // y = x * scale + shift per channel, with scale and shift rounded to x's dtype once (as
-  // BatchNorm2d's kernel does).
-  Tensor scale = weight.defined() ? ops::mul(ops::to(weight, kFloat64), invstd) : invstd;
-  Tensor shift = ops::neg(ops::mul(g.mean, scale));
-  if (bias.defined()) shift = ops::add(shift, ops::to(bias, kFloat64));
-  Tensor y = ops::add(ops::mul(x, per_channel(ops::to(scale, x.dtype()), x)),
-                      per_channel(ops::to(shift, x.dtype()), x));
+  Tensor y = batch_norm_normalize(x, g.mean, invstd, weight, bias);
 
   std::vector<Tensor> inputs{x};
   if (weight.defined()) inputs.push_back(weight);
@@ -170,32 +147,24 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
       "SyncBatchNormBackward", y, inputs, std::move(saved),
       [group, count, has_w, has_b](const Tensor& dy, const autograd::Saved& s,
                                    const autograd::Needs& needs) {
-        const Tensor& x = s[0];
-        const Tensor mean = per_channel(s[1], x), invstd = per_channel(s[2], x);
+        const Tensor &x = s[0], &mean = s[1], &invstd = s[2];
         const int64_t c = x.size(1);
-        Tensor dy64 = ops::to(dy, kFloat64);
-        Tensor xmu = ops::sub(ops::to(x, kFloat64), mean);
-        // This rank's sum(dy) and sum(dy * (x - mean)), packed for the one all-reduce.
-        Tensor sums = ops::cat(
-            {ops::sum(dy64, reduced_dims(x)), ops::sum(ops::mul(dy64, xmu), reduced_dims(x))});
+        // This rank's [sum(dy), sum(dy * (x - mean))], packed for the one all-reduce.
+        Tensor sums = batch_norm_grad_sums(x, dy, mean);
         autograd::Grads grads(needs.size());
         const size_t iw = 1, ib = has_w ? 2 : 1;
-        // Parameter gradients from the local sums (DDP averages them across ranks).
-        if (has_w && needs[iw])
-          grads[iw] = ops::to(ops::mul(ops::narrow(sums, 0, c, c), s[2]), x.dtype());
-        // A copy: `sums` is all-reduced in place below, and to() of a float64 tensor is itself.
+        // Parameter gradients from the local sums (DDP averages them across ranks). Copies:
+        // `sums` is all-reduced in place below, and to() of a float64 tensor is the tensor itself.
+        if (has_w && needs[iw]) {
+          grads[iw] = ops::to(ops::mul(ops::narrow(sums, 0, c, c), invstd), x.dtype());
+        }
         if (has_b && needs[ib])
           grads[ib] = ops::to(ops::clone(ops::narrow(sums, 0, 0, c)), x.dtype());
         // Every rank runs the same graph, so either all of them need dx (and all-reduce) or none.
         if (needs[0]) {
           if (group) group->all_reduce(sums, distributed::ReduceOp::Sum)->wait();
-          Tensor mean_dy = per_channel(ops::div(ops::narrow(sums, 0, 0, c), count), x);
-          Tensor proj = ops::div(
-              ops::mul(per_channel(ops::narrow(sums, 0, c, c), x), ops::square(invstd)), count);
-          Tensor k = has_w ? ops::mul(invstd, per_channel(ops::to(s[3], kFloat64), x)) : invstd;
-          // dx = k * (dy - mean_dy - (x - mean) * proj), in float64, then x's dtype.
-          Tensor dx = ops::mul(ops::sub(ops::sub(dy64, mean_dy), ops::mul(xmu, proj)), k);
-          grads[0] = ops::to(dx, x.dtype());
+          grads[0] =
+              batch_norm_input_grad(x, dy, mean, invstd, has_w ? s[3] : Tensor(), sums, count);
         }
         return grads;
       });

@@ -11,6 +11,7 @@
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "models/models.h"
+#include "nn/batchnorm_kernels.h"
 #include "nn/layers.h"
 #include "nn/sync_batchnorm.h"
 #include "tensor/ops.h"
@@ -173,5 +174,30 @@ TEST_CASE("sync_batch_norm without a group: equals batch_norm; gradcheck in floa
         },
         in);
     CHECK_MESSAGE(r.ok, r.message);
+  }
+}
+
+TEST_CASE("batch_norm steps: the CPU kernels and the generic-op versions (CUDA's) agree") {
+  namespace F = nn::functional;
+  manual_seed(2);
+  for (DType dt : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dt));
+    Tensor x = ops::add(ops::randn({4, 3, 5, 2}, dt), 100.0);
+    Tensor dy = ops::randn({4, 3, 5, 2}, dt);
+    Tensor w = ops::rand({3}, dt), b = ops::randn({3}, dt);
+    const auto fast = F::batch_norm_moments(x), slow = F::batch_norm_moments(x, /*generic=*/true);
+    CHECK(ops::max_rel_error(fast.mean, slow.mean) < 1e-12);
+    CHECK(ops::max_rel_error(fast.m2, slow.m2) < 1e-10);
+    Tensor invstd = ops::rsqrt(ops::add(ops::div(fast.m2, 40.0), 1e-5));
+    for (const Tensor& weight : {w, Tensor()}) {
+      CHECK(ops::max_rel_error(F::batch_norm_normalize(x, fast.mean, invstd, weight, b),
+                               F::batch_norm_normalize(x, fast.mean, invstd, weight, b, true)) <
+            1e-6);
+    }
+    Tensor sums = F::batch_norm_grad_sums(x, dy, fast.mean);
+    CHECK(ops::max_rel_error(sums, F::batch_norm_grad_sums(x, dy, fast.mean, true)) < 1e-10);
+    CHECK(ops::max_rel_error(
+              F::batch_norm_input_grad(x, dy, fast.mean, invstd, w, sums, 40.0),
+              F::batch_norm_input_grad(x, dy, fast.mean, invstd, w, sums, 40.0, true)) < 1e-6);
   }
 }
