@@ -18,6 +18,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "distributed/ddp.h"
 #include "distributed/process_group.h"
 #include "fork_ranks.h"
 #include "models/models.h"
@@ -195,6 +196,38 @@ void check_resnet20(const std::shared_ptr<distributed::ProcessGroup>& group,
   expect_close(y, ops::narrow(Y, 0, offset, sizes[rank]), "logits", 1e-4);
 }
 
+// The intended use: resnet20 converted, then wrapped in DDP, one step on every rank against the
+// plain resnet20 on the concatenated batch. DDP averages the local gradients, so with the loss
+// sum(y_r * G_r) on rank r every parameter's gradient is the reference's divided by W.
+void check_ddp_resnet20(const std::shared_ptr<distributed::ProcessGroup>& group,
+                        const std::vector<int64_t>& sizes) {
+  const int rank = group->rank();
+  const auto [offset, total] = rows_of(sizes, rank);
+  manual_seed(0);
+  auto model = models::create("resnet20", 10);
+  manual_seed(0);
+  auto reference = models::create("resnet20", 10);
+  nn::convert_sync_batchnorm(model, group);
+  distributed::DistributedDataParallel ddp(model, group);
+
+  manual_seed(1);
+  Tensor X = ops::randn({total, 3, 8, 8});
+  Tensor G = ops::randn({total, 10});
+  sum(mul((*reference)(X), G)).backward();
+  Tensor y = ddp.forward(ops::narrow(X, 0, offset, sizes[rank]));
+  sum(mul(y, ops::narrow(G, 0, offset, sizes[rank]))).backward();
+
+  const auto mine = model->named_parameters(), want = reference->named_parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    expect_close(ops::mul(mine[i].second.grad(), static_cast<double>(group->size())),
+                 want[i].second.grad(), want[i].first + " gradient x world size", 1e-4);
+  }
+  const auto bufs = model->named_buffers(), want_bufs = reference->named_buffers();
+  for (size_t i = 0; i < want_bufs.size(); ++i) {
+    expect_close(bufs[i].second, want_bufs[i].second, want_bufs[i].first, 1e-5);
+  }
+}
+
 using RankCheck = void (*)(const std::shared_ptr<distributed::ProcessGroup>& group,
                            const std::vector<int64_t>& sizes);
 
@@ -231,4 +264,8 @@ TEST_CASE("SyncBatchNorm gradcheck across ranks (float64, uneven batches, an emp
 TEST_CASE("resnet20 after convert_sync_batchnorm: one collective per layer, equals one process") {
   on_ranks({2, 2}, check_resnet20);
   on_ranks({3, 1}, check_resnet20);
+}
+
+TEST_CASE("DDP with SyncBatchNorm: one step equals one process on the concatenated batch") {
+  on_ranks({2, 2}, check_ddp_resnet20);
 }

@@ -54,6 +54,7 @@ TEST_CASE("replace_module: a bound member follows; a type it cannot hold changes
   auto sync = std::make_shared<nn::SyncBatchNorm>(3);
   block->replace_module("bn", sync);
   CHECK(block->bn == sync);
+  CHECK(block->bn != old_bn);
   CHECK(block->child("bn") == sync);
   CHECK(block->named_children()[0].first == "bn");  // same position, same name
 
@@ -69,7 +70,6 @@ TEST_CASE("replace_module: a bound member follows; a type it cannot hold changes
   testing::check_error_mentions(
       [&] { block->replace_module("nope", std::make_shared<nn::Identity>()); },
       {"has no child 'nope'"});
-  (void)old_bn;
 }
 
 TEST_CASE("convert/revert_sync_batchnorm on resnet20: same names, same tensors, members follow") {
