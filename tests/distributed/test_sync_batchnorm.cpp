@@ -168,17 +168,24 @@ void gradcheck_across_ranks(const std::shared_ptr<distributed::ProcessGroup>& gr
   }
 }
 
+// resnet20 twice from one seed: the first converted to SyncBatchNorm on `group`, the second plain.
+std::pair<nn::ModulePtr, nn::ModulePtr> resnet20_twins(
+    const std::shared_ptr<distributed::ProcessGroup>& group) {
+  manual_seed(0);
+  auto synced = models::create("resnet20", 10);
+  manual_seed(0);
+  auto plain = models::create("resnet20", 10);
+  nn::convert_sync_batchnorm(synced, group);
+  return {synced, plain};
+}
+
 // resnet20 converted on every rank (batch sizes[r] of 8x8 images) against the plain resnet20 on
 // the concatenated batch; the forward must go through every converted layer.
 void check_resnet20(const std::shared_ptr<distributed::ProcessGroup>& group,
                     const std::vector<int64_t>& sizes) {
   const int rank = group->rank();
   const auto [offset, total] = rows_of(sizes, rank);
-  manual_seed(0);
-  auto model = models::create("resnet20", 10);
-  manual_seed(0);
-  auto reference = models::create("resnet20", 10);
-  nn::convert_sync_batchnorm(model, group);
+  const auto [model, reference] = resnet20_twins(group);
   int layers = 0;
   for (const auto& [name, m] : model->named_modules()) layers += m->type_name() == "SyncBatchNorm";
   EXPECT(layers == 21, layers << " SyncBatchNorm layers");
@@ -203,11 +210,7 @@ void check_ddp_resnet20(const std::shared_ptr<distributed::ProcessGroup>& group,
                         const std::vector<int64_t>& sizes) {
   const int rank = group->rank();
   const auto [offset, total] = rows_of(sizes, rank);
-  manual_seed(0);
-  auto model = models::create("resnet20", 10);
-  manual_seed(0);
-  auto reference = models::create("resnet20", 10);
-  nn::convert_sync_batchnorm(model, group);
+  const auto [model, reference] = resnet20_twins(group);
   distributed::DistributedDataParallel ddp(model, group);
 
   manual_seed(1);
