@@ -18,11 +18,11 @@ std::shared_ptr<nn::Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride) {
 }  // namespace
 
 BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& ds) {
-  conv1 = register_module("conv1", conv3x3(inplanes, planes, stride));
-  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes));
-  conv2 = register_module("conv2", conv3x3(planes, planes, 1));
-  bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(planes));
-  if (ds) downsample = register_module("downsample", ds);
+  register_module("conv1", conv1, conv3x3(inplanes, planes, stride));
+  register_module("bn1", bn1, std::make_shared<nn::BatchNorm2d>(planes));
+  register_module("conv2", conv2, conv3x3(planes, planes, 1));
+  register_module("bn2", bn2, std::make_shared<nn::BatchNorm2d>(planes));
+  if (ds) register_module("downsample", downsample, ds);
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
@@ -33,13 +33,13 @@ Tensor BasicBlock::forward(const Tensor& x) {
 }
 
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& ds) {
-  conv1 = register_module("conv1", conv1x1(inplanes, planes, 1));
-  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes));
-  conv2 = register_module("conv2", conv3x3(planes, planes, stride));
-  bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(planes));
-  conv3 = register_module("conv3", conv1x1(planes, planes * kExpansion, 1));
-  bn3 = register_module("bn3", std::make_shared<nn::BatchNorm2d>(planes * kExpansion));
-  if (ds) downsample = register_module("downsample", ds);
+  register_module("conv1", conv1, conv1x1(inplanes, planes, 1));
+  register_module("bn1", bn1, std::make_shared<nn::BatchNorm2d>(planes));
+  register_module("conv2", conv2, conv3x3(planes, planes, stride));
+  register_module("bn2", bn2, std::make_shared<nn::BatchNorm2d>(planes));
+  register_module("conv3", conv3, conv1x1(planes, planes * kExpansion, 1));
+  register_module("bn3", bn3, std::make_shared<nn::BatchNorm2d>(planes * kExpansion));
+  if (ds) register_module("downsample", downsample, ds);
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
@@ -56,9 +56,11 @@ ResNet::ResNet(const ResNetConfig& c) {
   const int64_t expansion =
       c.block == BlockKind::Basic ? BasicBlock::kExpansion : Bottleneck::kExpansion;
   // 32x32 stem: 3x3 stride 1, no max-pool (the 7x7/2 + pool stem would leave 8x8 after it).
-  conv1 = register_module("conv1", conv3x3(c.in_channels, c.stem_width, 1));
-  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(c.stem_width));
+  register_module("conv1", conv1, conv3x3(c.in_channels, c.stem_width, 1));
+  register_module("bn1", bn1, std::make_shared<nn::BatchNorm2d>(c.stem_width));
   int64_t inplanes = c.stem_width;
+  // Sized up front: each element is bound to its registry entry, so it must not move.
+  layers.resize(c.blocks.size());
   for (size_t s = 0; s < c.blocks.size(); ++s) {
     auto layer = std::make_shared<nn::Sequential>();
     const int64_t planes = c.widths[s];
@@ -77,10 +79,10 @@ ResNet::ResNet(const ResNetConfig& c) {
       }
       inplanes = planes * expansion;
     }
-    layers.push_back(register_module("layer" + std::to_string(s + 1), layer));
+    register_module("layer" + std::to_string(s + 1), layers[s], layer);
   }
-  avgpool = register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2d>(1));
-  fc = register_module("fc", std::make_shared<nn::Linear>(inplanes, c.num_classes));
+  register_module("avgpool", avgpool, std::make_shared<nn::AdaptiveAvgPool2d>(1));
+  register_module("fc", fc, std::make_shared<nn::Linear>(inplanes, c.num_classes));
 
   // torchvision's init: He-normal (fan_out, relu) convs, BN weight 1 and bias 0; fc keeps
   // Linear's default.

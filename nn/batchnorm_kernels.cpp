@@ -10,8 +10,13 @@
 //   * normalization uses the biased batch variance (divide by M = N*S);
 //   * running_var is updated with the unbiased one (divide by M - 1);
 //   * running = (1 - momentum) * running + momentum * batch_stat.
+//
+// The end of the file exposes the steps of the training path one by one (nn/batchnorm_kernels.h)
+// for SyncBatchNorm, which runs a collective between them; they share the per-channel loops.
 #include <cmath>
 #include <vector>
+
+#include "nn/batchnorm_kernels.h"
 
 #include "autograd/function_node.h"
 #include "nn/functional.h"
@@ -32,6 +37,12 @@ struct BnShape {
   int64_t count() const { return n * s; }
 };
 
+BnShape bn_shape(const Tensor& x) {
+  BnShape d{x.size(0), x.size(1), 1};
+  for (int64_t k = 2; k < x.dim(); ++k) d.s *= x.size(k);
+  return d;
+}
+
 // Row sums in double with eight independent accumulators: a single running sum is one long
 // dependency chain (and may not be reordered without -ffast-math); eight chains keep the adders
 // busy and let the compiler use vector lanes, several times faster on long rows.
@@ -46,9 +57,9 @@ double row_sum(int64_t s, F term) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// Per-channel mean and biased variance of x viewed as [n, c, s].
+// Per-channel mean and M2 = sum((x - mean)^2) of x viewed as [n, c, s] (d.count() > 0).
 template <class T>
-void batch_stats(const T* x, const BnShape& d, double* mean, double* var) {
+void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     double sum = 0;
@@ -66,7 +77,7 @@ void batch_stats(const T* x, const BnShape& d, double* mean, double* var) {
       });
     }
     mean[c] = m;
-    var[c] = sq / static_cast<double>(d.count());
+    m2[c] = sq;
   }
 }
 
@@ -94,38 +105,56 @@ void normalize(const T* x, const BnShape& d, const double* mean, const double* i
 //   training: dx = weight * invstd / M * (M * dy - sum_dy - xhat * sum_dy_xhat)
 //             (the batch statistics depend on x, hence the two correction terms);
 //   eval:     dx = weight * invstd * dy (the running statistics are constants).
+// The two steps are separate functions because SyncBatchNorm all-reduces the sums between them.
+
+// sum(dy) and sum(dy * (x - mu)) over channel c.
+template <class T>
+void channel_grad_sums(const T* x, const T* dy, const BnShape& d, int64_t c, double mu,
+                       double& sum_dy, double& sum_dy_xmu) {
+  sum_dy = 0;
+  sum_dy_xmu = 0;
+  for (int64_t n = 0; n < d.n; ++n) {
+    const T* px = x + (n * d.c + c) * d.s;
+    const T* pg = dy + (n * d.c + c) * d.s;
+    sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
+    sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
+  }
+}
+
+// Training-mode dx over channel c from the sums over all `count` values of the channel:
+// dx = k * (dy - mean_dy - (x - mu) * proj), k = weight * invstd, proj = sum_dy_xhat * invstd / M.
+template <class T>
+void channel_input_grad(const T* x, const T* dy, const BnShape& d, int64_t c, double mu, double is,
+                        double g, double sum_dy, double sum_dy_xmu, double count, T* dx) {
+  const double k = g * is;
+  const double mean_dy = sum_dy / count;
+  const double proj = sum_dy_xmu * is * is / count;
+  for (int64_t n = 0; n < d.n; ++n) {
+    const T* px = x + (n * d.c + c) * d.s;
+    const T* pg = dy + (n * d.c + c) * d.s;
+    T* q = dx + (n * d.c + c) * d.s;
+    for (int64_t i = 0; i < d.s; ++i)
+      q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
+  }
+}
+
+// batch_norm's backward, one channel at a time (the channel's x and dy are still in cache when
+// dx is written).
 template <class T>
 void backward(const T* x, const T* dy, const BnShape& d, const double* mean, const double* invstd,
               const T* weight, bool training, T* dx, T* dweight, T* dbias) {
-  const double m_count = static_cast<double>(d.count());
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     const double mu = mean[c], is = invstd[c];
     double sum_dy = 0, sum_dy_xmu = 0;
-    for (int64_t n = 0; n < d.n; ++n) {
-      const T* px = x + (n * d.c + c) * d.s;
-      const T* pg = dy + (n * d.c + c) * d.s;
-      sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
-      sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
-    }
-    const double sum_dy_xhat = sum_dy_xmu * is;
-    if (dweight) dweight[c] = static_cast<T>(sum_dy_xhat);
+    channel_grad_sums(x, dy, d, c, mu, sum_dy, sum_dy_xmu);
+    if (dweight) dweight[c] = static_cast<T>(sum_dy_xmu * is);
     if (dbias) dbias[c] = static_cast<T>(sum_dy);
     if (!dx) continue;
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
     if (training) {
-      // dx = k * (dy - mean_dy - (x - mu) * proj), with proj = sum_dy_xhat * invstd / M
-      const double k = g * is;
-      const double mean_dy = sum_dy / m_count;
-      const double proj = sum_dy_xhat * is / m_count;
-      for (int64_t n = 0; n < d.n; ++n) {
-        const T* px = x + (n * d.c + c) * d.s;
-        const T* pg = dy + (n * d.c + c) * d.s;
-        T* q = dx + (n * d.c + c) * d.s;
-        for (int64_t i = 0; i < d.s; ++i) {
-          q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
-        }
-      }
+      channel_input_grad(x, dy, d, c, mu, is, g, sum_dy, sum_dy_xmu, static_cast<double>(d.count()),
+                         dx);
     } else {
       const T k = static_cast<T>(g * is);
       for (int64_t n = 0; n < d.n; ++n) {
@@ -134,6 +163,25 @@ void backward(const T* x, const T* dy, const BnShape& d, const double* mean, con
         for (int64_t i = 0; i < d.s; ++i) q[i] = pg[i] * k;
       }
     }
+  }
+}
+
+// The two backward steps over all channels, for SyncBatchNorm (sums: [sum_dy (C), sum_dy_xmu (C)]).
+template <class T>
+void grad_sums(const T* x, const T* dy, const BnShape& d, const double* mean, double* sums) {
+#pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
+  for (int64_t c = 0; c < d.c; ++c) {
+    channel_grad_sums(x, dy, d, c, mean[c], sums[c], sums[d.c + c]);
+  }
+}
+
+template <class T>
+void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, const double* invstd,
+                const T* weight, const double* sums, double count, T* dx) {
+#pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double g = weight ? static_cast<double>(weight[c]) : 1.0;
+    channel_input_grad(x, dy, d, c, mean[c], invstd[c], g, sums[c], sums[d.c + c], count, dx);
   }
 }
 
@@ -169,8 +217,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 #endif
   DDP_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64,
             "batch_norm: supports float32 and float64, got " << dtype_name(x_in.dtype()));
-  BnShape d{x_in.size(0), x_in.size(1), 1};
-  for (int64_t k = 2; k < x_in.dim(); ++k) d.s *= x_in.size(k);
+  const BnShape d = bn_shape(x_in);
   Tensor weight = param_or_none(weight_in, x_in, d.c, "weight");
   Tensor bias = param_or_none(bias_in, x_in, d.c, "bias");
   DDP_CHECK(running_mean.defined() == running_var.defined(),
@@ -202,7 +249,8 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));
   if (use_batch_stats) {
     DDP_NN_DISPATCH(x.dtype(), "batch_norm",
-                    batch_stats(x.data_ptr<scalar_t>(), d, mean.data(), var.data()));
+                    batch_moments(x.data_ptr<scalar_t>(), d, mean.data(), var.data()));
+    for (double& v : var) v /= static_cast<double>(d.count());  // M2 -> biased variance
   } else {
     mean = to_doubles(running_mean);
     var = to_doubles(running_var);
@@ -262,6 +310,132 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
         if (has_b) g[ib] = db;
         return g;
       });
+}
+
+// --- the steps, for SyncBatchNorm (nn/batchnorm_kernels.h) --------------------------------------
+//
+// First in generic tensor ops (any device; what CUDA runs), then the CPU kernels.
+
+namespace {
+
+// [1, C, 1, 1] (for a 4-D x): a per-channel vector shaped to broadcast against x.
+Tensor per_channel(const Tensor& v, const Tensor& x) {
+  Shape shape(static_cast<size_t>(x.dim()), 1);
+  shape[1] = x.size(1);
+  return ops::reshape(v, shape);
+}
+
+// Every dim but the channel dim: what the statistics sum over.
+std::vector<int64_t> reduced_dims(const Tensor& x) {
+  std::vector<int64_t> dims{0};
+  for (int64_t k = 2; k < x.dim(); ++k) dims.push_back(k);
+  return dims;
+}
+
+BatchNormMoments moments_generic(const Tensor& x) {
+  DDP_CHECK(x.numel() > 0, "batch_norm_moments: empty input " << shape_str(x.shape()));
+  Tensor x64 = ops::to(x, kFloat64);
+  Tensor mean = ops::mean(x64, reduced_dims(x), /*keepdim=*/true);
+  Tensor m2 = ops::sum(ops::square(ops::sub(x64, mean)), reduced_dims(x));
+  return {ops::reshape(mean, {x.size(1)}), m2};
+}
+
+Tensor normalize_generic(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                         const Tensor& weight, const Tensor& bias) {
+  // y = x * scale + shift, with scale and shift rounded to x's dtype once (as the kernel does).
+  Tensor scale = weight.defined() ? ops::mul(ops::to(weight, kFloat64), invstd) : invstd;
+  Tensor shift = ops::neg(ops::mul(mean, scale));
+  if (bias.defined()) shift = ops::add(shift, ops::to(bias, kFloat64));
+  return ops::add(ops::mul(x, per_channel(ops::to(scale, x.dtype()), x)),
+                  per_channel(ops::to(shift, x.dtype()), x));
+}
+
+Tensor grad_sums_generic(const Tensor& x, const Tensor& dy, const Tensor& mean) {
+  Tensor dy64 = ops::to(dy, kFloat64);
+  Tensor xmu = ops::sub(ops::to(x, kFloat64), per_channel(mean, x));
+  return ops::cat(
+      {ops::sum(dy64, reduced_dims(x)), ops::sum(ops::mul(dy64, xmu), reduced_dims(x))});
+}
+
+Tensor input_grad_generic(const Tensor& x, const Tensor& dy, const Tensor& mean,
+                          const Tensor& invstd, const Tensor& weight, const Tensor& sums,
+                          double count) {
+  const int64_t c = x.size(1);
+  Tensor xmu = ops::sub(ops::to(x, kFloat64), per_channel(mean, x));
+  Tensor mean_dy = per_channel(ops::div(ops::narrow(sums, 0, 0, c), count), x);
+  Tensor proj =
+      per_channel(ops::div(ops::mul(ops::narrow(sums, 0, c, c), ops::square(invstd)), count), x);
+  Tensor k = weight.defined() ? ops::mul(invstd, ops::to(weight, kFloat64)) : invstd;
+  // dx = k * (dy - mean_dy - (x - mean) * proj), in float64, then x's dtype.
+  Tensor dx = ops::sub(ops::sub(ops::to(dy, kFloat64), mean_dy), ops::mul(xmu, proj));
+  return ops::to(ops::mul(dx, per_channel(k, x)), x.dtype());
+}
+
+const double* doubles(const Tensor& t) {
+  return t.data_ptr<double>();
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+}  // namespace
+
+BatchNormMoments batch_norm_moments(const Tensor& x_in, bool generic) {
+  if (generic || x_in.is_cuda()) return moments_generic(x_in);
+  Tensor x = ops::contiguous(x_in);
+  const BnShape d = bn_shape(x);
+  DDP_CHECK(d.count() > 0, "batch_norm_moments: empty input " << shape_str(x.shape()));
+  BatchNormMoments out{ops::empty({d.c}, kFloat64), ops::empty({d.c}, kFloat64)};
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_moments",
+                  batch_moments(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(),
+                                out.m2.data_ptr<double>()));
+  return out;
+}
+
+Tensor batch_norm_normalize(const Tensor& x_in, const Tensor& mean, const Tensor& invstd,
+                            const Tensor& weight_in, const Tensor& bias_in, bool generic) {
+  if (generic || x_in.is_cuda()) return normalize_generic(x_in, mean, invstd, weight_in, bias_in);
+  Tensor x = ops::contiguous(x_in);
+  const BnShape d = bn_shape(x);
+  Tensor weight = param_or_none(weight_in, x, d.c, "weight");
+  Tensor bias = param_or_none(bias_in, x, d.c, "bias");
+  Tensor y = ops::empty(x.shape(), x.options());
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_normalize",
+                  normalize(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd),
+                            data_or_null<scalar_t>(weight), data_or_null<scalar_t>(bias),
+                            y.data_ptr<scalar_t>()));
+  return y;
+}
+
+Tensor batch_norm_grad_sums(const Tensor& x_in, const Tensor& dy_in, const Tensor& mean,
+                            bool generic) {
+  if (generic || x_in.is_cuda()) return grad_sums_generic(x_in, dy_in, mean);
+  Tensor x = ops::contiguous(x_in), dy = ops::contiguous(dy_in);
+  const BnShape d = bn_shape(x);
+  Tensor sums = ops::empty({2 * d.c}, kFloat64);
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_grad_sums",
+                  grad_sums(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, doubles(mean),
+                            sums.data_ptr<double>()));
+  return sums;
+}
+
+Tensor batch_norm_input_grad(const Tensor& x_in, const Tensor& dy_in, const Tensor& mean,
+                             const Tensor& invstd, const Tensor& weight_in, const Tensor& sums,
+                             double count, bool generic) {
+  if (generic || x_in.is_cuda()) {
+    return input_grad_generic(x_in, dy_in, mean, invstd, weight_in, sums, count);
+  }
+  Tensor x = ops::contiguous(x_in), dy = ops::contiguous(dy_in);
+  const BnShape d = bn_shape(x);
+  Tensor weight = param_or_none(weight_in, x, d.c, "weight");
+  Tensor dx = ops::empty(x.shape(), x.options());
+  DDP_NN_DISPATCH(
+      x.dtype(), "batch_norm_input_grad",
+      input_grad(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd),
+                 data_or_null<scalar_t>(weight), doubles(sums), count, dx.data_ptr<scalar_t>()));
+  return dx;
 }
 
 }  // namespace ddplab::nn::functional

@@ -119,6 +119,25 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool
   reset_parameters();
 }
 
+BatchNorm2d::BatchNorm2d(const BatchNorm2d& other, ShareState)
+    : num_features(other.num_features),
+      eps(other.eps),
+      momentum(other.momentum),
+      affine(other.affine),
+      track_running_stats(other.track_running_stats) {
+  // Same names in the same order, so state_dict keys do not change.
+  if (affine) {
+    weight = register_parameter("weight", other.weight, other.weight.requires_grad());
+    bias = register_parameter("bias", other.bias, other.bias.requires_grad());
+  }
+  if (track_running_stats) {
+    running_mean = register_buffer("running_mean", other.running_mean);
+    running_var = register_buffer("running_var", other.running_var);
+    num_batches_tracked = register_buffer("num_batches_tracked", other.num_batches_tracked);
+  }
+  train(other.is_training());
+}
+
 void BatchNorm2d::reset_running_stats() {
   if (!track_running_stats) return;
   init::zeros_(running_mean);

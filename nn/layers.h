@@ -63,6 +63,12 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        bool affine = true, bool track_running_stats = true);
+  // A layer with `other`'s settings and mode that holds `other`'s parameter and buffer tensors
+  // themselves (shared, not copied), so an optimizer or DDP holding them is unaffected. This is
+  // how convert_sync_batchnorm / revert_sync_batchnorm (nn/sync_batchnorm.h) change a layer's
+  // class without touching its state.
+  struct ShareState {};
+  BatchNorm2d(const BatchNorm2d& other, ShareState);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "BatchNorm2d"; }
   std::string extra_repr() const override;

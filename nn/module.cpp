@@ -64,12 +64,29 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
   return t;
 }
 
-void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m, MemberBinder bind) {
   check_name(name, "register_module");
   DDP_CHECK(m != nullptr, "register_module('" << name << "'): null module");
   DDP_CHECK(!has_name(parameters_, name) && !has_name(buffers_, name) && !has_name(children_, name),
             "register_module: '" << name << "' is already registered in " << type_name());
   children_.emplace_back(name, std::move(m));
+  if (bind) member_binders_[name] = std::move(bind);
+}
+
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> m) {
+  DDP_CHECK(m != nullptr, "replace_module('" << name << "'): null module");
+  auto entry = std::find_if(children_.begin(), children_.end(),
+                            [&](const auto& e) { return e.first == name; });
+  DDP_CHECK(entry != children_.end(),
+            "replace_module: " << type_name() << " has no child '" << name << "'");
+  // The member first: if its type cannot hold the replacement, nothing has changed yet.
+  auto binder = member_binders_.find(name);
+  if (binder != member_binders_.end()) {
+    DDP_CHECK(binder->second(m), "replace_module('" << name << "'): the member of " << type_name()
+                                                    << " that holds '" << name << "' cannot hold a "
+                                                    << m->type_name());
+  }
+  entry->second = std::move(m);
 }
 
 void Module::collect(const std::string& prefix, bool recurse, bool params,

@@ -11,6 +11,17 @@
 // by the layer, by an optimizer or by DDP's reducer stay valid.
 //
 // Modules are always held by std::shared_ptr (`std::make_shared<Linear>(...)`).
+//
+// Children and the members that point at them. A model keeps typed members for its children so
+// that forward() reads naturally (`(*bn1)(x)`). Registering with the member itself,
+//
+//   register_module("bn1", bn1, std::make_shared<BatchNorm2d>(planes));
+//
+// binds the two: the registry remembers where `bn1` lives, and replace_module("bn1", other)
+// re-points the member as well as the registry entry. That is how convert_sync_batchnorm swaps a
+// BatchNorm2d inside a ResNet block for a SyncBatchNorm and the block's forward uses it. (The
+// form `bn1 = register_module("bn1", m)` also works, but the registry cannot see that copy, so a
+// later replacement would leave `bn1` pointing at the old module.)
 #pragma once
 
 #include <functional>
@@ -53,7 +64,27 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor register_buffer(const std::string& name, Tensor t);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
-    add_child(name, m);
+    add_child(name, m, nullptr);
+    return m;
+  }
+  // Registers `m` and points `member` (a data member of this module) at it, bound: see the file
+  // comment. `member` may have a base type of M (e.g. a ModulePtr for an optional child).
+  template <class Base, class M>
+  void register_module(const std::string& name, std::shared_ptr<Base>& member,
+                       std::shared_ptr<M> m) {
+    member = m;
+    add_child(name, std::move(m), [&member](const std::shared_ptr<Module>& replacement) {
+      auto typed = std::dynamic_pointer_cast<Base>(replacement);
+      if (typed) member = typed;
+      return typed != nullptr;
+    });
+  }
+  // Makes `m` the child `name` in place of the current one (same position, same dotted names),
+  // re-pointing a bound member too; returns `m` (libtorch's replace_module). Throws, changing
+  // nothing, when a bound member cannot hold `m`'s type.
+  template <class M>
+  std::shared_ptr<M> replace_module(const std::string& name, std::shared_ptr<M> m) {
+    replace_child(name, m);
     return m;
   }
 
@@ -98,7 +129,11 @@ class Module : public std::enable_shared_from_this<Module> {
   void load_state_dict(const StateDict& state, bool strict = true);
 
  protected:
-  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  // Re-points a bound member at a replacement child; false (and no change) when the member's
+  // type cannot hold it.
+  using MemberBinder = std::function<bool(const std::shared_ptr<Module>&)>;
+  void add_child(const std::string& name, std::shared_ptr<Module> m, MemberBinder bind = nullptr);
+  void replace_child(const std::string& name, std::shared_ptr<Module> m);
 
  private:
   void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const;
@@ -108,6 +143,7 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedTensors parameters_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::map<std::string, MemberBinder> member_binders_;  // children registered with their member
 };
 
 using ModulePtr = std::shared_ptr<Module>;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -170,4 +171,62 @@ TEST_CASE("state_dict round trip through safetensors") {
     CHECK(msg.find(path) != std::string::npos);
   }
   std::remove(path.c_str());
+}
+
+namespace {
+
+// A layer of type L that counts its forward calls (state not shared: only the calls matter).
+template <class L>
+struct Counting : L {
+  using L::L;
+  int calls = 0;
+  Tensor forward(const Tensor& x) override {
+    ++calls;
+    return L::forward(x);
+  }
+};
+
+// Replaces every Linear, Conv2d and BatchNorm2d below `m` with a counting twin (through
+// replace_module, as convert_sync_batchnorm does) and adds a way to read its count.
+void swap_in_counters(nn::Module& m, std::vector<std::function<int()>>& counters) {
+  const auto children = m.named_children();
+  for (const auto& [name, c] : children) {
+    nn::ModulePtr twin;
+    if (auto* l = dynamic_cast<nn::Linear*>(c.get())) {
+      auto t = std::make_shared<Counting<nn::Linear>>(l->in_features, l->out_features);
+      counters.emplace_back([t] { return t->calls; });
+      twin = t;
+    } else if (auto* conv = dynamic_cast<nn::Conv2d*>(c.get())) {
+      auto t = std::make_shared<Counting<nn::Conv2d>>(conv->in_channels, conv->out_channels,
+                                                      conv->kernel_size, conv->options);
+      counters.emplace_back([t] { return t->calls; });
+      twin = t;
+    } else if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(c.get())) {
+      auto t = std::make_shared<Counting<nn::BatchNorm2d>>(bn->num_features);
+      counters.emplace_back([t] { return t->calls; });
+      twin = t;
+    }
+    if (twin) {
+      m.replace_module(name, twin);
+    } else {
+      swap_in_counters(*c, counters);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every model's forward uses children swapped in by replace_module") {
+  autograd::NoGradGuard no_grad;
+  // One model of each class: BasicBlock and Bottleneck ResNets, SmallCNN, MLP.
+  for (const std::string name : {"resnet20", "resnet50", "cnn", "mlp"}) {
+    CAPTURE(name);
+    const bool gray = name == "cnn" || name == "mlp";
+    auto model = models::create(name, 10, gray ? 1 : 3);
+    std::vector<std::function<int()>> counters;
+    swap_in_counters(*model, counters);
+    REQUIRE(!counters.empty());
+    model->forward(ops::randn(gray ? Shape{2, 1, 28, 28} : Shape{2, 3, 8, 8}));
+    for (const auto& calls : counters) CHECK(calls() == 1);
+  }
 }
