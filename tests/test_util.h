@@ -1,5 +1,5 @@
-// Helpers shared by the test executables: the devices to run each test body on, and reference
-// comparisons.
+// Helpers shared by the test executables: the devices to run each test body on, reference
+// comparisons, and DDP_SKIP_IF (tests/skip.h).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -10,6 +10,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/ops.h"
+#include "tests/skip.h"
 
 namespace ddplab::testing {
 

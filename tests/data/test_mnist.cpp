@@ -7,6 +7,7 @@
 #include "data/file_io.h"
 #include "data/mnist.h"
 #include "test_util.h"
+#include "tests/skip.h"
 
 using namespace ddplab;
 using namespace ddplab::data;
@@ -115,11 +116,8 @@ TEST_CASE("IDX errors name the file and what is wrong") {
 
 TEST_CASE("the real Fashion-MNIST (Debian's dataset-fashion-mnist)") {
   const std::string root = FashionMNIST::kDebianRoot;
-  if (!file_exists(root + "/train-images-idx3-ubyte.gz")) {
-    MESSAGE("skipped: Fashion-MNIST is not installed at "
-            << root << " (apt install dataset-fashion-mnist)");
-    return;
-  }
+  DDP_SKIP_IF(!file_exists(root + "/train-images-idx3-ubyte.gz"),
+              "Fashion-MNIST is not installed at " + root + " (apt install dataset-fashion-mnist)");
   FashionMNIST train(root, true, Transform::eval(fashion_mnist_stats()));
   FashionMNIST test(root, false);
   CHECK(train.size() == 60000);

@@ -33,6 +33,7 @@
 #include "tensor/backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "tests/skip.h"
 
 #if defined(DDPLAB_CUDA)
 #include "distributed/process_group_nccl.h"
@@ -583,13 +584,10 @@ namespace {
 
 TEST_CASE("nccl backend: all_reduce/broadcast/all_gather/reduce_scatter/barrier on GPUs") {
 #if !defined(DDPLAB_CUDA)
-  MESSAGE("skipped: ddplab was built without CUDA (the NCCL backend is compile-checked only)");
+  DDP_SKIP_IF(true, "ddplab was built without CUDA (the NCCL backend is compile-checked only)");
 #else
   const int gpus = gpu_count_in_child();
-  if (gpus == 0) {
-    MESSAGE("skipped: no GPU (ddplab::cuda_is_available() is false)");
-    return;
-  }
+  DDP_SKIP_IF(gpus == 0, "no GPU (ddplab::cuda_device_count() is 0)");
   for (int world = 1; world <= std::min(gpus, 2); ++world) {
     CAPTURE(world);
     run_ranks(world, [](int rank, int w, const std::shared_ptr<TCPStore>& store) {

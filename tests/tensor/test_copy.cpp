@@ -80,10 +80,8 @@ TEST_CASE("printing shows values, shape, dtype and device, and elides large tens
 }
 
 TEST_CASE("CUDA requests without a GPU are clear errors, never crashes") {
-  if (cuda_is_available()) {
-    MESSAGE("a GPU is present: covered by the device loops of the other tests");
-    return;
-  }
+  DDP_SKIP_IF(cuda_is_available(),
+              "a GPU is present: covered by the device loops of the other tests");
   check_error_mentions([] { ops::zeros({2}, cuda(0)); }, {"cuda:0"});
   check_error_mentions([] { ops::to(ops::zeros({2}), cuda(1)); }, {"cuda:1"});
   CHECK(Device("cuda:3").index == 3);

@@ -1,8 +1,9 @@
 // Tests of the CUDA runtime pieces: availability, the "no GPU" error, and, on a machine with a GPU,
 // the caching allocator, stream/event ordering and pinned asynchronous copies.
 //
-// Without a GPU (and in CPU-only builds) only the first two run; the GPU cases print a MESSAGE and
-// return. The op tests of tests/tensor/ run every case on the GPU too when one is present.
+// Without a GPU (and in CPU-only builds) only the first three run; the GPU cases are skipped
+// (DDP_SKIP_IF), and so is the "without a GPU" case on a machine that has one. The op tests of
+// tests/tensor/ run every case on the GPU too when one is present.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/ops.h"
+#include "tests/skip.h"
 
 #if defined(DDPLAB_CUDA)
 #include "tensor/cuda/cuda_allocator.h"
@@ -25,10 +27,7 @@ TEST_CASE("cuda_is_available answers without crashing, and the same every time")
 }
 
 TEST_CASE("a CUDA tensor without a GPU throws an Error naming the device") {
-  if (cuda_is_available()) {
-    MESSAGE("a GPU is present: nothing to check here");
-    return;
-  }
+  DDP_SKIP_IF(cuda_is_available(), "a GPU is present: nothing to check here");
   std::string what;
   try {
     ops::zeros({2}, cuda(0));
@@ -48,10 +47,7 @@ TEST_CASE("a CUDA device index past the last one throws") {
 #if defined(DDPLAB_CUDA)
 
 TEST_CASE("the caching allocator reuses freed blocks and empty_cache returns them") {
-  if (!cuda_is_available()) {
-    MESSAGE("no GPU: skipped");
-    return;
-  }
+  DDP_SKIP_IF(!cuda_is_available(), "no GPU");
   Allocator& a = cuda_allocator(0);
   a.empty_cache();
   const AllocatorStats before = a.stats();
@@ -80,10 +76,7 @@ TEST_CASE("the caching allocator reuses freed blocks and empty_cache returns the
 }
 
 TEST_CASE("events order work between streams and time it") {
-  if (!cuda_is_available()) {
-    MESSAGE("no GPU: skipped");
-    return;
-  }
+  DDP_SKIP_IF(!cuda_is_available(), "no GPU");
   gpu::Stream s1 = gpu::Stream::create(0), s2 = gpu::Stream::create(0);
   Tensor x;
   gpu::Event start(true), done(true);
@@ -107,10 +100,7 @@ TEST_CASE("events order work between streams and time it") {
 }
 
 TEST_CASE("pinned memory round trip with non_blocking copies") {
-  if (!cuda_is_available()) {
-    MESSAGE("no GPU: skipped");
-    return;
-  }
+  DDP_SKIP_IF(!cuda_is_available(), "no GPU");
   std::vector<float> values(1000);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
   Tensor host = ops::pin_memory(ops::from_vector(values, {1000}));
