@@ -23,7 +23,7 @@
 
 #include "distributed/process_group_gloo.h"
 #include "distributed/store/store.h"
-#include "distributed/store_socket.h"
+#include "distributed/store/store_socket.h"
 
 namespace ddplab::testing {
 

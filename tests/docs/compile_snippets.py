@@ -39,9 +39,6 @@ import tempfile
 FENCE = re.compile(r"^```(\S*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 CPP_LANGS = {"cpp", "c++", "cxx", "cc"}
 FLAGS_FROM = "examples/train.cpp"  # a program that links all of ddplab: its flags see it all
-# Pages whose snippets do not carry their snippet-context yet. The default run skips them and
-# says so; a page named on the command line is always checked.
-PENDING = {"docs/ddp.md"}
 
 
 class Snippet:
@@ -135,9 +132,6 @@ def main():
     if not files:
         docs = glob.glob(os.path.join(source_root, "docs", "*.md"))
         files = ["README.md"] + sorted(os.path.relpath(p, source_root) for p in docs)
-        for rel in sorted(PENDING & set(files)):
-            print(f"skipped {rel} (pending: its snippets need their snippet-context)")
-        files = [f for f in files if f not in PENDING]
     snippets = []
     for rel in files:
         with open(os.path.join(source_root, rel)) as f:
