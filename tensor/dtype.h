@@ -75,12 +75,26 @@ using compute_t = typename compute_type<T>::type;
     break;                              \
   }
 
+// The case lists: the floating dtypes, the numeric ones (floating and integer, not bool), all.
+#define DDP_FLOATING_CASES(...)                        \
+  DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)          \
+  DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)         \
+  DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__) \
+  DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)
+
+#define DDP_NUMERIC_CASES(...)                \
+  DDP_FLOATING_CASES(__VA_ARGS__)             \
+  DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__) \
+  DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__) \
+  DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)
+
+#define DDP_ALL_CASES(...)       \
+  DDP_NUMERIC_CASES(__VA_ARGS__) \
+  DDP_DTYPE_CASE(Bool, bool, __VA_ARGS__)
+
 #define DDP_DISPATCH_FLOATING(dtype, what, ...)                                             \
   switch (dtype) {                                                                          \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                             \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                            \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                                    \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                               \
+    DDP_FLOATING_CASES(__VA_ARGS__)                                                         \
     default:                                                                                \
       DDP_FAIL(what << ": expected a floating dtype, got " << ::ddplab::dtype_name(dtype)); \
   }
@@ -89,27 +103,14 @@ using compute_t = typename compute_type<T>::type;
 // outputs of predicates). Used by both executors.
 #define DDP_DISPATCH_NUMERIC(dtype, what, ...)                                       \
   switch (dtype) {                                                                   \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                     \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                             \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                        \
-    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)                                      \
+    DDP_NUMERIC_CASES(__VA_ARGS__)                                                   \
     default:                                                                         \
       DDP_FAIL(what << ": not supported for dtype " << ::ddplab::dtype_name(dtype)); \
   }
 
-#define DDP_DISPATCH_ALL(dtype, what, ...)                    \
-  switch (dtype) {                                            \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)              \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)      \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__) \
-    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(Bool, bool, __VA_ARGS__)                   \
-    default:                                                  \
-      DDP_FAIL(what << ": unsupported dtype");                \
+#define DDP_DISPATCH_ALL(dtype, what, ...)     \
+  switch (dtype) {                             \
+    DDP_ALL_CASES(__VA_ARGS__)                 \
+    default:                                   \
+      DDP_FAIL(what << ": unsupported dtype"); \
   }
