@@ -126,52 +126,53 @@ void* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.raw_data() : nullptr;
 }
 
+// What each of the three cuDNN calls below needs: the tensor's device made current, its cuDNN
+// handle, the descriptors, the algorithm chosen for `pass` and a workspace of the size it needs.
+// (Members are initialised in this order: the handle needs the device current.)
+struct ConvCall {
+  ConvCall(const Conv2dParams& p, const Tensor& t, Pass pass)
+      : guard(t.device().index),
+        h(handle(t.device().index)),
+        d(p, t.dtype()),
+        algo(algo_for(h, d, p, t.dtype(), t.device().index, pass)),
+        ws(workspace(algo.workspace, t.device())),
+        blend(t.dtype()) {}
+  gpu::DeviceGuard guard;
+  cudnnHandle_t h;
+  ConvDescs d;
+  Algo algo;
+  Tensor ws;  // kept alive until the call using it has been queued
+  Blend blend;
+};
+
 void forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
              const Tensor& y) {
   check_dtype(x, "conv2d");
-  const int dev = x.device().index;
-  gpu::DeviceGuard guard(dev);
-  cudnnHandle_t h = handle(dev);
-  ConvDescs d(p, x.dtype());
-  const Algo a = algo_for(h, d, p, x.dtype(), dev, Pass::Forward);
-  Tensor ws = workspace(a.workspace, x.device());
-  const Blend s(x.dtype());
-  DDP_CUDNN_CHECK(
-      cudnnConvolutionForward(h, s.one(), d.x.get(), x.raw_data(), d.w.get(), w.raw_data(),
-                              d.conv.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a.algo),
-                              ptr_or_null(ws), a.workspace, s.zero(), d.y.get(), y.raw_data()));
+  const ConvCall c(p, x, Pass::Forward);
+  DDP_CUDNN_CHECK(cudnnConvolutionForward(
+      c.h, c.blend.one(), c.d.x.get(), x.raw_data(), c.d.w.get(), w.raw_data(), c.d.conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(c.algo.algo), ptr_or_null(c.ws), c.algo.workspace,
+      c.blend.zero(), c.d.y.get(), y.raw_data()));
   if (b.defined()) ops::add_(y, ops::reshape(b, {1, p.o, 1, 1}));
 }
 
 void backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w, const Tensor& gx) {
-  const int dev = gy.device().index;
-  gpu::DeviceGuard guard(dev);
-  cudnnHandle_t h = handle(dev);
-  ConvDescs d(p, gy.dtype());
-  const Algo a = algo_for(h, d, p, gy.dtype(), dev, Pass::BackwardData);
-  Tensor ws = workspace(a.workspace, gy.device());
-  const Blend s(gy.dtype());
+  const ConvCall c(p, gy, Pass::BackwardData);
   DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(
-      h, s.one(), d.w.get(), w.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
-      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ptr_or_null(ws), a.workspace, s.zero(),
-      d.x.get(), gx.raw_data()));
+      c.h, c.blend.one(), c.d.w.get(), w.raw_data(), c.d.y.get(), gy.raw_data(), c.d.conv.get(),
+      static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo.algo), ptr_or_null(c.ws), c.algo.workspace,
+      c.blend.zero(), c.d.x.get(), gx.raw_data()));
 }
 
 // The filter gradient from cuDNN; the bias gradient (the sum of gy over batch and pixels) with
 // ordinary ops.
 void backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy, const Tensor& gw,
                       const Tensor& gb) {
-  const int dev = x.device().index;
-  gpu::DeviceGuard guard(dev);
-  cudnnHandle_t h = handle(dev);
-  ConvDescs d(p, x.dtype());
-  const Algo a = algo_for(h, d, p, x.dtype(), dev, Pass::BackwardFilter);
-  Tensor ws = workspace(a.workspace, x.device());
-  const Blend s(x.dtype());
+  const ConvCall c(p, x, Pass::BackwardFilter);
   DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      h, s.one(), d.x.get(), x.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
-      static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), ptr_or_null(ws), a.workspace, s.zero(),
-      d.w.get(), gw.raw_data()));
+      c.h, c.blend.one(), c.d.x.get(), x.raw_data(), c.d.y.get(), gy.raw_data(), c.d.conv.get(),
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo.algo), ptr_or_null(c.ws),
+      c.algo.workspace, c.blend.zero(), c.d.w.get(), gw.raw_data()));
   if (gb.defined()) ops::copy_(gb, ops::sum(gy, {0, 2, 3}));
 }
 
