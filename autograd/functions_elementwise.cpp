@@ -1,5 +1,7 @@
 // Differentiable elementwise ops: arithmetic (with broadcasting), unary math, clamp, maximum/
 // minimum, where, and the operators. Each backward is written beside its forward.
+#include <utility>
+
 #include "autograd/function_node.h"
 #include "autograd/functions.h"
 
@@ -92,33 +94,35 @@ Tensor pow(const Tensor& a, const Tensor& b) {
                 });
 }
 
-Tensor maximum(const Tensor& a, const Tensor& b) {
+namespace {
+
+// maximum and minimum share their backward: the operand that won an element gets its gradient,
+// and ties split it in half (as PyTorch does).
+Tensor record_extremum(const char* name, bool is_max, const Tensor& a, const Tensor& b,
+                       Tensor out) {
   Shape sa = a.shape(), sb = b.shape();
   DType ta = a.dtype(), tb = b.dtype();
-  return record("MaximumBackward", ops::maximum(a, b), {a, b}, {a, b},
-                [=](const Tensor& g, const Saved& s, const Needs& n) {
-                  // Weight of a: 1 where a > b, 1/2 on ties, 0 elsewhere; b gets the rest.
-                  Tensor wa = ops::add(ops::to(ops::gt(s[0], s[1]), g.dtype()),
-                                       ops::to(ops::eq(s[0], s[1]), g.dtype()), 0.5);
-                  Grads r(2);
-                  if (n[0]) r[0] = reduce_grad(ops::mul(g, wa), sa, ta);
-                  if (n[1]) r[1] = reduce_grad(ops::mul(g, ops::rsub(wa, 1.0)), sb, tb);
-                  return r;
-                });
+  return record(
+      name, std::move(out), {a, b}, {a, b}, [=](const Tensor& g, const Saved& s, const Needs& n) {
+        // Weight of a: 1 where a wins, 1/2 on ties, 0 elsewhere; b gets the rest.
+        Tensor a_wins = is_max ? ops::gt(s[0], s[1]) : ops::lt(s[0], s[1]);
+        Tensor wa =
+            ops::add(ops::to(a_wins, g.dtype()), ops::to(ops::eq(s[0], s[1]), g.dtype()), 0.5);
+        Grads r(2);
+        if (n[0]) r[0] = reduce_grad(ops::mul(g, wa), sa, ta);
+        if (n[1]) r[1] = reduce_grad(ops::mul(g, ops::rsub(wa, 1.0)), sb, tb);
+        return r;
+      });
+}
+
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return record_extremum("MaximumBackward", true, a, b, ops::maximum(a, b));
 }
 
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
-  return record("MinimumBackward", ops::minimum(a, b), {a, b}, {a, b},
-                [=](const Tensor& g, const Saved& s, const Needs& n) {
-                  Tensor wa = ops::add(ops::to(ops::lt(s[0], s[1]), g.dtype()),
-                                       ops::to(ops::eq(s[0], s[1]), g.dtype()), 0.5);
-                  Grads r(2);
-                  if (n[0]) r[0] = reduce_grad(ops::mul(g, wa), sa, ta);
-                  if (n[1]) r[1] = reduce_grad(ops::mul(g, ops::rsub(wa, 1.0)), sb, tb);
-                  return r;
-                });
+  return record_extremum("MinimumBackward", false, a, b, ops::minimum(a, b));
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {

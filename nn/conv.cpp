@@ -7,6 +7,8 @@
 //   * im2col + GEMM with a hand-written backward: runs float64 (for gradcheck) and is the
 //     readable form of what a convolution kernel does.
 //   * oneDNN primitives (nn/onednn.cpp): float32, the one training uses.
+// The last two, and cuDNN for CUDA tensors (nn/cudnn_conv.cpp), are ConvKernels (nn/conv.h):
+// conv2d_with picks one and records the same autograd node around it.
 #include "nn/conv.h"
 
 #include <algorithm>
@@ -208,7 +210,7 @@ void backward_weights_impl(const Conv2dParams& p, const T* x, const T* gy, T* gw
 }
 
 template <class T>
-const T* ptr_or_null(const Tensor& t) {
+T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
@@ -230,62 +232,78 @@ void im2col_conv2d_backward_data(const Conv2dParams& p, const Tensor& gy, const 
 
 void im2col_conv2d_backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy,
                                     const Tensor& gw, const Tensor& gb) {
-  DDP_NN_DISPATCH(x.dtype(), "conv2d",
-                  backward_weights_impl<scalar_t>(
-                      p, x.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(), gw.data_ptr<scalar_t>(),
-                      gb.defined() ? gb.data_ptr<scalar_t>() : nullptr));
+  DDP_NN_DISPATCH(
+      x.dtype(), "conv2d",
+      backward_weights_impl<scalar_t>(p, x.data_ptr<scalar_t>(), gy.data_ptr<scalar_t>(),
+                                      gw.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(gb)));
 }
+
+namespace {
+
+// The oneDNN kernels (nn/onednn.h) take raw float32 pointers.
+void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
+                    const Tensor& y) {
+  onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null<float>(b),
+                         y.data_ptr<float>());
+}
+
+void onednn_backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w,
+                          const Tensor& gx) {
+  onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(), gx.data_ptr<float>());
+}
+
+void onednn_backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy,
+                             const Tensor& gw, const Tensor& gb) {
+  onednn::conv2d_backward_weights(p, x.data_ptr<float>(), gy.data_ptr<float>(),
+                                  gw.data_ptr<float>(), ptr_or_null<float>(gb));
+}
+
+constexpr ConvKernels kOneDnnKernels{"ConvolutionBackward(oneDNN)", onednn_forward,
+                                     onednn_backward_data, onednn_backward_weights};
+constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2d_forward,
+                                     im2col_conv2d_backward_data, im2col_conv2d_backward_weights};
+
+// cuDNN for CUDA tensors whichever CPU kernel was asked for; on the CPU oneDNN serves float32 and
+// im2col everything else (float64, for gradcheck).
+const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
+#if defined(DDPLAB_CUDA)
+  if (x.is_cuda()) return cudnn::conv2d_kernels();
+#endif
+  return use_onednn && x.dtype() == kFloat32 ? kOneDnnKernels : kIm2colKernels;
+}
+
+}  // namespace
 
 Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
                    Pair stride, Pair padding, Pair dilation, int64_t groups) {
   Conv2dParams p = check_conv2d_args(x_in, w_in, b_in, stride, padding, dilation, groups);
-#if defined(DDPLAB_CUDA)
-  // CUDA tensors go to cuDNN (nn/cudnn_conv.cpp) whichever kernel was asked for.
-  if (x_in.is_cuda()) return cudnn::conv2d(p, x_in, w_in, b_in);
-#endif
-  // oneDNN serves float32; float64 (gradcheck) takes the im2col path.
-  use_onednn = use_onednn && x_in.dtype() == kFloat32;
+  const ConvKernels* kernels = &kernels_for(x_in, use_onednn);
   // The kernels read plain row-major arrays: make the operands contiguous (a no-op usually).
   Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
   Tensor b = b_in.defined() ? ops::contiguous(b_in) : Tensor();
   Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
-  if (use_onednn) {
-    onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(),
-                           b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
-  } else {
-    im2col_conv2d_forward(p, x, w, b, y);
-  }
+  kernels->forward(p, x, w, b, y);
 
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
   if (!autograd::needs_grad(inputs)) return y;
   return autograd::record(
-      use_onednn ? "ConvolutionBackward(oneDNN)" : "ConvolutionBackward(im2col)", y, inputs, {x, w},
-      [p, use_onednn](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
+      kernels->node_name, y, inputs, {x, w},
+      [p, kernels](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
         const Tensor& w = s[1];
         Tensor gy = ops::contiguous(grad);
         autograd::Grads g(needs.size());
         if (needs[0]) {
           g[0] = ops::empty(x.shape(), x.options());
-          if (use_onednn) {
-            onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(),
-                                         g[0].data_ptr<float>());
-          } else {
-            im2col_conv2d_backward_data(p, gy, w, g[0]);
-          }
+          kernels->backward_data(p, gy, w, g[0]);
         }
         const bool want_bias = p.has_bias && needs[2];
         if (needs[1]) {
+          // The weights pass also sums the bias gradient, saving a second pass over gy.
           g[1] = ops::empty(w.shape(), w.options());
           if (want_bias) g[2] = ops::empty({p.o}, w.options());
-          if (use_onednn) {
-            onednn::conv2d_backward_weights(p, x.data_ptr<float>(), gy.data_ptr<float>(),
-                                            g[1].data_ptr<float>(),
-                                            want_bias ? g[2].data_ptr<float>() : nullptr);
-          } else {
-            im2col_conv2d_backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
-          }
+          kernels->backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
         } else if (want_bias) {
           g[2] = ops::sum(gy, {0, 2, 3});
         }

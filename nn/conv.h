@@ -24,6 +24,24 @@ void im2col_conv2d_backward_data(const onednn::Conv2dParams& p, const Tensor& gy
 void im2col_conv2d_backward_weights(const onednn::Conv2dParams& p, const Tensor& x,
                                     const Tensor& gy, const Tensor& gw, const Tensor& gb);
 
+// One implementation of the convolution: the three kernels its forward and backward passes run.
+// conv2d picks one by device and dtype (oneDNN, im2col + GEMM, cuDNN) and records the same autograd
+// node around whichever it picked, so the autograd wiring is written once for every backend.
+// The kernels read contiguous tensors and write into tensors the caller allocated with the input's
+// dtype and device; they overwrite their outputs (never accumulate).
+struct ConvKernels {
+  const char* node_name;  // the autograd node, e.g. "ConvolutionBackward(oneDNN)"
+  // y = conv(x, w) + b (b may be undefined).
+  void (*forward)(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
+                  const Tensor& y);
+  // gx = dL/dx.
+  void (*backward_data)(const onednn::Conv2dParams& p, const Tensor& gy, const Tensor& w,
+                        const Tensor& gx);
+  // gw = dL/dw and, when gb is defined, gb = dL/db.
+  void (*backward_weights)(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& gy,
+                           const Tensor& gw, const Tensor& gb);
+};
+
 // conv2d with a chosen kernel: `use_onednn` false forces the im2col path (float32 allowed).
 Tensor conv2d_with(bool use_onednn, const Tensor& x, const Tensor& w, const Tensor& b,
                    functional::Pair stride, functional::Pair padding, functional::Pair dilation,

@@ -8,14 +8,16 @@
 // typedefs cudnn.h makes, which C++ allows to repeat) and includes no cuDNN header, which costs
 // seconds of compile time per file. Only nn/cudnn*.cpp include <cudnn.h>.
 //
-// Every entry point takes CUDA tensors that already passed the CPU path's argument checks, runs on
-// the calling thread's current stream of the tensor's device, and records its own autograd node.
+// Every entry point takes CUDA tensors that already passed the CPU path's argument checks and runs
+// on the calling thread's current stream of the tensor's device. batch_norm and pool2d record their
+// own autograd node; the convolution kernels run inside the node conv2d records.
 // float32 and float64 are supported (float32 in full precision: no TF32).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "nn/conv.h"
 #include "nn/functional.h"
 #include "nn/onednn.h"
 #include "tensor/tensor.h"
@@ -112,8 +114,9 @@ void check_dtype(const Tensor& t, const char* what);
 
 // --- the differentiable functions -------------------------------------------------------------
 
-// conv2d (nn/cudnn_conv.cpp): p from conv_detail::check_conv2d_args; b may be undefined.
-Tensor conv2d(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b);
+// The convolution kernels (nn/cudnn_conv.cpp) that conv2d (nn/conv.cpp) runs on CUDA tensors,
+// inside the autograd node it records for every backend.
+const conv_detail::ConvKernels& conv2d_kernels();
 
 // batch_norm (nn/cudnn_batchnorm.cpp), called after batch_norm's own argument checks. weight and
 // bias are the contiguous checked parameters (undefined when affine=false); weight_in / bias_in

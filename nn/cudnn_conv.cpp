@@ -13,7 +13,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/function_node.h"
 #include "nn/cudnn.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_runtime.h"
@@ -127,78 +126,63 @@ void* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.raw_data() : nullptr;
 }
 
-void forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& y) {
-  const int dev = x.device().index;
-  gpu::DeviceGuard guard(dev);
-  cudnnHandle_t h = handle(dev);
-  ConvDescs d(p, x.dtype());
-  const Algo a = algo_for(h, d, p, x.dtype(), dev, Pass::Forward);
-  Tensor ws = workspace(a.workspace, x.device());
-  const Blend s(x.dtype());
-  DDP_CUDNN_CHECK(
-      cudnnConvolutionForward(h, s.one(), d.x.get(), x.raw_data(), d.w.get(), w.raw_data(),
-                              d.conv.get(), static_cast<cudnnConvolutionFwdAlgo_t>(a.algo),
-                              ptr_or_null(ws), a.workspace, s.zero(), d.y.get(), y.raw_data()));
+// What each of the three cuDNN calls below needs: the tensor's device made current, its cuDNN
+// handle, the descriptors, the algorithm chosen for `pass` and a workspace of the size it needs.
+// (Members are initialised in this order: the handle needs the device current.)
+struct ConvCall {
+  ConvCall(const Conv2dParams& p, const Tensor& t, Pass pass)
+      : guard(t.device().index),
+        h(handle(t.device().index)),
+        d(p, t.dtype()),
+        algo(algo_for(h, d, p, t.dtype(), t.device().index, pass)),
+        ws(workspace(algo.workspace, t.device())),
+        blend(t.dtype()) {}
+  gpu::DeviceGuard guard;
+  cudnnHandle_t h;
+  ConvDescs d;
+  Algo algo;
+  Tensor ws;  // kept alive until the call using it has been queued
+  Blend blend;
+};
+
+void forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
+             const Tensor& y) {
+  check_dtype(x, "conv2d");
+  const ConvCall c(p, x, Pass::Forward);
+  DDP_CUDNN_CHECK(cudnnConvolutionForward(
+      c.h, c.blend.one(), c.d.x.get(), x.raw_data(), c.d.w.get(), w.raw_data(), c.d.conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(c.algo.algo), ptr_or_null(c.ws), c.algo.workspace,
+      c.blend.zero(), c.d.y.get(), y.raw_data()));
+  if (b.defined()) ops::add_(y, ops::reshape(b, {1, p.o, 1, 1}));
 }
 
 void backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w, const Tensor& gx) {
-  const int dev = gy.device().index;
-  gpu::DeviceGuard guard(dev);
-  cudnnHandle_t h = handle(dev);
-  ConvDescs d(p, gy.dtype());
-  const Algo a = algo_for(h, d, p, gy.dtype(), dev, Pass::BackwardData);
-  Tensor ws = workspace(a.workspace, gy.device());
-  const Blend s(gy.dtype());
+  const ConvCall c(p, gy, Pass::BackwardData);
   DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(
-      h, s.one(), d.w.get(), w.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
-      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ptr_or_null(ws), a.workspace, s.zero(),
-      d.x.get(), gx.raw_data()));
+      c.h, c.blend.one(), c.d.w.get(), w.raw_data(), c.d.y.get(), gy.raw_data(), c.d.conv.get(),
+      static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo.algo), ptr_or_null(c.ws), c.algo.workspace,
+      c.blend.zero(), c.d.x.get(), gx.raw_data()));
 }
 
-void backward_filter(const Conv2dParams& p, const Tensor& x, const Tensor& gy, const Tensor& gw) {
-  const int dev = x.device().index;
-  gpu::DeviceGuard guard(dev);
-  cudnnHandle_t h = handle(dev);
-  ConvDescs d(p, x.dtype());
-  const Algo a = algo_for(h, d, p, x.dtype(), dev, Pass::BackwardFilter);
-  Tensor ws = workspace(a.workspace, x.device());
-  const Blend s(x.dtype());
+// The filter gradient from cuDNN; the bias gradient (the sum of gy over batch and pixels) with
+// ordinary ops.
+void backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy, const Tensor& gw,
+                      const Tensor& gb) {
+  const ConvCall c(p, x, Pass::BackwardFilter);
   DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      h, s.one(), d.x.get(), x.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
-      static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), ptr_or_null(ws), a.workspace, s.zero(),
-      d.w.get(), gw.raw_data()));
+      c.h, c.blend.one(), c.d.x.get(), x.raw_data(), c.d.y.get(), gy.raw_data(), c.d.conv.get(),
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo.algo), ptr_or_null(c.ws),
+      c.algo.workspace, c.blend.zero(), c.d.w.get(), gw.raw_data()));
+  if (gb.defined()) ops::copy_(gb, ops::sum(gy, {0, 2, 3}));
 }
+
+constexpr conv_detail::ConvKernels kKernels{"ConvolutionBackward(cuDNN)", forward, backward_data,
+                                            backward_weights};
 
 }  // namespace
 
-Tensor conv2d(const Conv2dParams& p, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
-  check_dtype(x_in, "conv2d");
-  Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
-  Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
-  forward(p, x, w, y);
-  if (b_in.defined()) ops::add_(y, ops::reshape(b_in, {1, p.o, 1, 1}));
-
-  std::vector<Tensor> inputs{x_in, w_in};
-  if (b_in.defined()) inputs.push_back(b_in);
-  if (!autograd::needs_grad(inputs)) return y;
-  return autograd::record(
-      "ConvolutionBackward(cuDNN)", y, inputs, {x, w},
-      [p](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
-        const Tensor& x = s[0];
-        const Tensor& w = s[1];
-        Tensor gy = ops::contiguous(grad);
-        autograd::Grads g(needs.size());
-        if (needs[0]) {
-          g[0] = ops::empty(x.shape(), x.options());
-          backward_data(p, gy, w, g[0]);
-        }
-        if (needs[1]) {
-          g[1] = ops::empty(w.shape(), w.options());
-          backward_filter(p, x, gy, g[1]);
-        }
-        if (p.has_bias && needs[2]) g[2] = ops::sum(gy, {0, 2, 3});
-        return g;
-      });
+const conv_detail::ConvKernels& conv2d_kernels() {
+  return kKernels;
 }
 
 }  // namespace ddplab::nn::cudnn

@@ -177,22 +177,18 @@ std::string BatchNorm2d::extra_repr() const {
 
 // --- pooling, dropout, reshaping ---------------------------------------------------------------
 
-Tensor MaxPool2d::forward(const Tensor& x) {
-  return functional::max_pool2d(x, kernel, stride, padding);
-}
-std::string MaxPool2d::extra_repr() const {
+std::string Pool2d::extra_repr() const {
   return "kernel_size=" + pair_str(kernel) +
          ", stride=" + pair_str(stride == Pair{0, 0} ? kernel : stride) +
          ", padding=" + pair_str(padding);
 }
 
+Tensor MaxPool2d::forward(const Tensor& x) {
+  return functional::max_pool2d(x, kernel, stride, padding);
+}
+
 Tensor AvgPool2d::forward(const Tensor& x) {
   return functional::avg_pool2d(x, kernel, stride, padding);
-}
-std::string AvgPool2d::extra_repr() const {
-  return "kernel_size=" + pair_str(kernel) +
-         ", stride=" + pair_str(stride == Pair{0, 0} ? kernel : stride) +
-         ", padding=" + pair_str(padding);
 }
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {

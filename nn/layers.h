@@ -88,29 +88,30 @@ class ReLU : public Module {
   std::string type_name() const override { return "ReLU"; }
 };
 
-// stride {0, 0} means stride = kernel (PyTorch's default).
-class MaxPool2d : public Module {
+// What MaxPool2d and AvgPool2d share: the pooling window and how it prints. stride {0, 0} means
+// stride = kernel (PyTorch's default).
+class Pool2d : public Module {
  public:
-  explicit MaxPool2d(Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0})
+  explicit Pool2d(Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0})
       : kernel(kernel), stride(stride), padding(padding) {}
-  explicit MaxPool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0)
-      : MaxPool2d(Pair{kernel, kernel}, Pair{stride, stride}, Pair{padding, padding}) {}
-  Tensor forward(const Tensor& x) override;
-  std::string type_name() const override { return "MaxPool2d"; }
+  explicit Pool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0)
+      : Pool2d(Pair{kernel, kernel}, Pair{stride, stride}, Pair{padding, padding}) {}
   std::string extra_repr() const override;
   Pair kernel, stride, padding;
 };
 
-class AvgPool2d : public Module {
+class MaxPool2d : public Pool2d {
  public:
-  explicit AvgPool2d(Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0})
-      : kernel(kernel), stride(stride), padding(padding) {}
-  explicit AvgPool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0)
-      : AvgPool2d(Pair{kernel, kernel}, Pair{stride, stride}, Pair{padding, padding}) {}
+  using Pool2d::Pool2d;
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "MaxPool2d"; }
+};
+
+class AvgPool2d : public Pool2d {
+ public:
+  using Pool2d::Pool2d;
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "AvgPool2d"; }
-  std::string extra_repr() const override;
-  Pair kernel, stride, padding;
 };
 
 class AdaptiveAvgPool2d : public Module {

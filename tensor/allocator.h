@@ -4,6 +4,8 @@
 // the OS on free, so a training step that frees its activations would pay that again every step.
 // Like PyTorch's CUDA caching allocator, ours keep freed blocks in the process and hand them out
 // again; `empty_cache()` gives them back. The CUDA allocator (tensor/cuda/) has the same interface.
+// Both keep their blocks in a BlockPool (tensor/block_pool.h) and differ only in where raw memory
+// comes from.
 #pragma once
 
 #include <cstddef>

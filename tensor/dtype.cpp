@@ -1,57 +1,60 @@
 // DType names, sizes and promotion.
 #include "tensor/dtype.h"
 
+#include <iterator>
+
 #include "tensor/error.h"
 
 namespace ddplab {
 
-size_t element_size(DType t) {
-  switch (t) {
-    case DType::Float32:
-      return 4;
-    case DType::Float64:
-      return 8;
-    case DType::Float16:
-      return 2;
-    case DType::BFloat16:
-      return 2;
-    case DType::Int64:
-      return 8;
-    case DType::Int32:
-      return 4;
-    case DType::UInt8:
-      return 1;
-    case DType::Bool:
-      return 1;
+namespace {
+
+struct DTypeInfo {
+  DType type;
+  const char* name;  // PyTorch's spelling
+  size_t size;       // bytes per element
+  // Promotion order: by kind first (bool < integer < float), then by width within the kind.
+  int rank;
+};
+
+// One row per DType, in the enum's order (so a DType indexes it).
+constexpr DTypeInfo kDTypes[] = {
+    {DType::Float32, "float32", 4, 5}, {DType::Float64, "float64", 8, 6},
+    {DType::Float16, "float16", 2, 4}, {DType::BFloat16, "bfloat16", 2, 4},
+    {DType::Int64, "int64", 8, 3},     {DType::Int32, "int32", 4, 2},
+    {DType::UInt8, "uint8", 1, 1},     {DType::Bool, "bool", 1, 0},
+};
+
+constexpr bool rows_in_enum_order() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i) {
+    if (static_cast<size_t>(kDTypes[i].type) != i) return false;
   }
-  DDP_FAIL("element_size: bad dtype " << static_cast<int>(t));
+  return std::size(kDTypes) == static_cast<size_t>(DType::Bool) + 1;
+}
+static_assert(rows_in_enum_order(), "kDTypes must list every DType in the enum's order");
+
+// The row of `t`, or nullptr for a value outside the enum (a corrupt or uninitialised DType).
+const DTypeInfo* info(DType t) {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) ? &kDTypes[i] : nullptr;
+}
+
+}  // namespace
+
+size_t element_size(DType t) {
+  const DTypeInfo* row = info(t);
+  DDP_CHECK(row != nullptr, "element_size: bad dtype " << static_cast<int>(t));
+  return row->size;
 }
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::Float32:
-      return "float32";
-    case DType::Float64:
-      return "float64";
-    case DType::Float16:
-      return "float16";
-    case DType::BFloat16:
-      return "bfloat16";
-    case DType::Int64:
-      return "int64";
-    case DType::Int32:
-      return "int32";
-    case DType::UInt8:
-      return "uint8";
-    case DType::Bool:
-      return "bool";
-  }
-  return "unknown";
+  const DTypeInfo* row = info(t);
+  return row != nullptr ? row->name : "unknown";
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kUInt8, kBool}) {
-    if (name == dtype_name(t)) return t;
+  for (const DTypeInfo& row : kDTypes) {
+    if (name == row.name) return row.type;
   }
   DDP_FAIL("unknown dtype '" << name << "'");
 }
@@ -62,27 +65,9 @@ bool is_floating(DType t) {
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
-  // Rank by "kind" first (bool < integer < float), then by width within the kind.
   auto rank = [](DType t) {
-    switch (t) {
-      case DType::Bool:
-        return 0;
-      case DType::UInt8:
-        return 1;
-      case DType::Int32:
-        return 2;
-      case DType::Int64:
-        return 3;
-      case DType::Float16:
-        return 4;
-      case DType::BFloat16:
-        return 4;
-      case DType::Float32:
-        return 5;
-      case DType::Float64:
-        return 6;
-    }
-    return 0;
+    const DTypeInfo* row = info(t);
+    return row != nullptr ? row->rank : 0;
   };
   // float16 with bfloat16 has no exact common 16-bit type: use float32, as PyTorch does.
   if ((a == DType::Float16 && b == DType::BFloat16) ||

@@ -31,41 +31,23 @@ inline std::ostream& operator<<(std::ostream& os, DType t) {
   return os << dtype_name(t);
 }
 
-// C++ type <-> DType.
+// C++ type <-> DType: dtype_of<float>::value == kFloat32, and so on.
 template <class T>
 struct dtype_of;
-template <>
-struct dtype_of<float> {
-  static constexpr DType value = DType::Float32;
-};
-template <>
-struct dtype_of<double> {
-  static constexpr DType value = DType::Float64;
-};
-template <>
-struct dtype_of<Half> {
-  static constexpr DType value = DType::Float16;
-};
-template <>
-struct dtype_of<BFloat16> {
-  static constexpr DType value = DType::BFloat16;
-};
-template <>
-struct dtype_of<int64_t> {
-  static constexpr DType value = DType::Int64;
-};
-template <>
-struct dtype_of<int32_t> {
-  static constexpr DType value = DType::Int32;
-};
-template <>
-struct dtype_of<uint8_t> {
-  static constexpr DType value = DType::UInt8;
-};
-template <>
-struct dtype_of<bool> {
-  static constexpr DType value = DType::Bool;
-};
+#define DDP_DEFINE_DTYPE_OF(TYPE, ENUM)         \
+  template <>                                   \
+  struct dtype_of<TYPE> {                       \
+    static constexpr DType value = DType::ENUM; \
+  };
+DDP_DEFINE_DTYPE_OF(float, Float32)
+DDP_DEFINE_DTYPE_OF(double, Float64)
+DDP_DEFINE_DTYPE_OF(Half, Float16)
+DDP_DEFINE_DTYPE_OF(BFloat16, BFloat16)
+DDP_DEFINE_DTYPE_OF(int64_t, Int64)
+DDP_DEFINE_DTYPE_OF(int32_t, Int32)
+DDP_DEFINE_DTYPE_OF(uint8_t, UInt8)
+DDP_DEFINE_DTYPE_OF(bool, Bool)
+#undef DDP_DEFINE_DTYPE_OF
 
 // The type arithmetic is done in: 16-bit floats compute in float32.
 template <class T>
@@ -93,12 +75,26 @@ using compute_t = typename compute_type<T>::type;
     break;                              \
   }
 
+// The case lists: the floating dtypes, the numeric ones (floating and integer, not bool), all.
+#define DDP_FLOATING_CASES(...)                        \
+  DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)          \
+  DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)         \
+  DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__) \
+  DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)
+
+#define DDP_NUMERIC_CASES(...)                \
+  DDP_FLOATING_CASES(__VA_ARGS__)             \
+  DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__) \
+  DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__) \
+  DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)
+
+#define DDP_ALL_CASES(...)       \
+  DDP_NUMERIC_CASES(__VA_ARGS__) \
+  DDP_DTYPE_CASE(Bool, bool, __VA_ARGS__)
+
 #define DDP_DISPATCH_FLOATING(dtype, what, ...)                                             \
   switch (dtype) {                                                                          \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                             \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                            \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                                    \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                               \
+    DDP_FLOATING_CASES(__VA_ARGS__)                                                         \
     default:                                                                                \
       DDP_FAIL(what << ": expected a floating dtype, got " << ::ddplab::dtype_name(dtype)); \
   }
@@ -107,27 +103,14 @@ using compute_t = typename compute_type<T>::type;
 // outputs of predicates). Used by both executors.
 #define DDP_DISPATCH_NUMERIC(dtype, what, ...)                                       \
   switch (dtype) {                                                                   \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)                                     \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)                             \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__)                        \
-    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)                                      \
-    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)                                      \
+    DDP_NUMERIC_CASES(__VA_ARGS__)                                                   \
     default:                                                                         \
       DDP_FAIL(what << ": not supported for dtype " << ::ddplab::dtype_name(dtype)); \
   }
 
-#define DDP_DISPATCH_ALL(dtype, what, ...)                    \
-  switch (dtype) {                                            \
-    DDP_DTYPE_CASE(Float32, float, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(Float64, double, __VA_ARGS__)              \
-    DDP_DTYPE_CASE(Float16, ::ddplab::Half, __VA_ARGS__)      \
-    DDP_DTYPE_CASE(BFloat16, ::ddplab::BFloat16, __VA_ARGS__) \
-    DDP_DTYPE_CASE(Int64, int64_t, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(Int32, int32_t, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(UInt8, uint8_t, __VA_ARGS__)               \
-    DDP_DTYPE_CASE(Bool, bool, __VA_ARGS__)                   \
-    default:                                                  \
-      DDP_FAIL(what << ": unsupported dtype");                \
+#define DDP_DISPATCH_ALL(dtype, what, ...)     \
+  switch (dtype) {                             \
+    DDP_ALL_CASES(__VA_ARGS__)                 \
+    default:                                   \
+      DDP_FAIL(what << ": unsupported dtype"); \
   }

@@ -198,6 +198,23 @@ void dgemm(const GemmArgs& g, const double* a, const double* b, double* c) {
   }
 }
 
+// The walk gather and scatter_add share (they are each other's adjoint: gather reads where the
+// index points, scatter_add adds there). `index` is an [outer, idx_n, inner] view of int64
+// positions along the middle dim of an [outer, n, inner] tensor; fn(at_index, at_target) gets, for
+// each element, its offset in the index tensor and the offset it points at in the other tensor.
+template <class Fn>
+void for_each_index(const int64_t* index, int64_t outer, int64_t n, int64_t idx_n, int64_t inner,
+                    const char* what, Fn fn) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < idx_n; ++i)
+      for (int64_t j = 0; j < inner; ++j) {
+        const int64_t at_index = (o * idx_n + i) * inner + j;
+        const int64_t k = index[at_index];
+        DDP_CHECK(k >= 0 && k < n, what << ": index " << k << " out of range for size " << n);
+        fn(at_index, (o * n + k) * inner + j);
+      }
+}
+
 class CpuBackend final : public Backend {
  public:
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, double a, double b) override {
@@ -326,38 +343,25 @@ class CpuBackend final : public Backend {
 
   void gather(const Tensor& out, const Tensor& in, const Tensor& index, int64_t outer, int64_t in_n,
               int64_t idx_n, int64_t inner) override {
-    const int64_t* idx = index.data_ptr<int64_t>();
     DDP_DISPATCH_ALL(in.dtype(), "gather", {
       const scalar_t* src = static_cast<const scalar_t*>(in.raw_data());
       scalar_t* dst = static_cast<scalar_t*>(out.raw_data());
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t i = 0; i < idx_n; ++i)
-          for (int64_t j = 0; j < inner; ++j) {
-            int64_t k = idx[(o * idx_n + i) * inner + j];
-            DDP_CHECK(k >= 0 && k < in_n,
-                      "gather: index " << k << " out of range for size " << in_n);
-            dst[(o * idx_n + i) * inner + j] = src[(o * in_n + k) * inner + j];
-          }
+      for_each_index(index.data_ptr<int64_t>(), outer, in_n, idx_n, inner, "gather",
+                     [&](int64_t at_index, int64_t at_src) { dst[at_index] = src[at_src]; });
     });
   }
 
   void scatter_add(const Tensor& dst, const Tensor& src, const Tensor& index, int64_t outer,
                    int64_t dst_n, int64_t idx_n, int64_t inner) override {
-    const int64_t* idx = index.data_ptr<int64_t>();
     DDP_DISPATCH_NUMERIC(dst.dtype(), "scatter_add", {
+      using C = compute_t<scalar_t>;
       const scalar_t* s = static_cast<const scalar_t*>(src.raw_data());
       scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t i = 0; i < idx_n; ++i)
-          for (int64_t j = 0; j < inner; ++j) {
-            int64_t k = idx[(o * idx_n + i) * inner + j];
-            DDP_CHECK(k >= 0 && k < dst_n,
-                      "scatter_add: index " << k << " out of range for size " << dst_n);
-            scalar_t& slot = d[(o * dst_n + k) * inner + j];
-            slot = static_cast<scalar_t>(
-                static_cast<compute_t<scalar_t>>(slot) +
-                static_cast<compute_t<scalar_t>>(s[(o * idx_n + i) * inner + j]));
-          }
+      for_each_index(index.data_ptr<int64_t>(), outer, dst_n, idx_n, inner, "scatter_add",
+                     [&](int64_t at_index, int64_t at_dst) {
+                       d[at_dst] = static_cast<scalar_t>(static_cast<C>(d[at_dst]) +
+                                                         static_cast<C>(s[at_index]));
+                     });
     });
   }
 };

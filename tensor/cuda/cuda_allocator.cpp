@@ -1,19 +1,16 @@
 // The caching CUDA allocator and the pinned host allocator (see cuda_allocator.h).
 //
-// Sizes are rounded (512 B steps under 1 MiB, 2 MiB steps above) so that the tensors of one
-// training step reuse the blocks of the previous one exactly. A cached block is handed out for a
-// request at most half its size, so a small tensor cannot pin a huge block. Unlike PyTorch's
-// allocator, blocks are never split: simpler, at the cost of some memory.
+// Both are BlockPools (tensor/block_pool.h): this file only says how raw memory is obtained and
+// released. Sizes are rounded to 512 B steps under 1 MiB and 2 MiB steps above.
 #include "tensor/cuda/cuda_allocator.h"
 
 #include <cuda_runtime_api.h>
 
 #include <map>
-#include <memory>
 #include <mutex>
-#include <utility>
 #include <vector>
 
+#include "tensor/block_pool.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/error.h"
 
@@ -21,101 +18,47 @@ namespace ddplab {
 
 namespace {
 
-size_t round_size(size_t n) {
-  if (n == 0) return 0;
-  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20;
-  if (n < (size_t{1} << 20)) return (n + kSmall - 1) / kSmall * kSmall;
-  return (n + kLarge - 1) / kLarge * kLarge;
+constexpr size_t kLargeStep = size_t{2} << 20;
+
+// cudaMalloc on `device`; nullptr when the device is out of memory, so that the pool can give its
+// cache back to the driver and try again.
+void* device_malloc(int device, size_t size) {
+  gpu::DeviceGuard g(device);
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, size);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the error: the next CUDA call must not report it again
+    return nullptr;
+  }
+  DDP_CUDA_CHECK(e);
+  return p;
+}
+
+void device_free(int device, void* p) {
+  gpu::DeviceGuard g(device);
+  DDP_CUDA_CHECK(cudaFree(p));  // waits for the device, so no kernel still uses p
 }
 
 class CudaCachingAllocator final : public Allocator {
  public:
-  explicit CudaCachingAllocator(int device) : device_(device) {}
+  explicit CudaCachingAllocator(int device)
+      : device_(device),
+        pool_(cuda(device), kLargeStep,
+              {[device](size_t n) { return device_malloc(device, n); },
+               [device](void* p) { device_free(device, p); }, nullptr}) {}
 
+  // Blocks are cached per stream: a block freed while `s` was current goes back only to
+  // requests made while `s` is current (see BlockPool::allocate).
   DataPtr allocate(size_t nbytes) override {
-    size_t size = round_size(nbytes);
-    if (size == 0) return DataPtr(nullptr, [](void*) {});
-    cudaStream_t stream = gpu::current_stream(device_).handle();
-    void* p = take_cached(size, stream);
-    if (p == nullptr) p = malloc_device(size);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.allocated += static_cast<int64_t>(size);
-      if (stats_.allocated > stats_.peak_allocated) stats_.peak_allocated = stats_.allocated;
-    }
-    // The deleter makes no CUDA call, so tensors may die at any time, even after main().
-    return DataPtr(p, [this, size, stream](void* q) { release(q, size, stream); });
+    return pool_.allocate(nbytes, gpu::current_stream(device_).handle());
   }
-
-  void empty_cache() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    gpu::DeviceGuard g(device_);
-    for (auto& [stream, pool] : free_) {
-      for (auto& [size, p] : pool) {
-        DDP_CUDA_CHECK(cudaFree(p));  // waits for the device, so no kernel still uses p
-        stats_.reserved -= static_cast<int64_t>(size);
-      }
-    }
-    free_.clear();
-  }
-
-  AllocatorStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_allocated = stats_.allocated;
-  }
+  void empty_cache() override { pool_.empty_cache(); }
+  AllocatorStats stats() const override { return pool_.stats(); }
+  void reset_peak() override { pool_.reset_peak(); }
 
  private:
-  void* take_cached(size_t& size, cudaStream_t stream) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.num_allocs++;
-    auto pool = free_.find(stream);
-    if (pool == free_.end()) return nullptr;
-    auto it = pool->second.lower_bound(size);
-    if (it == pool->second.end() || it->first > 2 * size) return nullptr;
-    size = it->first;
-    void* p = it->second;
-    pool->second.erase(it);
-    stats_.cache_hits++;
-    return p;
-  }
-
-  void* malloc_device(size_t size) {
-    gpu::DeviceGuard g(device_);
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, size);
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear it, give the cache back to the driver, try once more
-      empty_cache();
-      e = cudaMalloc(&p, size);
-    }
-    if (e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      AllocatorStats s = stats();
-      DDP_FAIL("CUDA out of memory on cuda:" << device_ << " allocating " << size << " bytes ("
-                                             << s.allocated << " bytes in use by tensors, "
-                                             << s.reserved << " reserved by ddplab)");
-    }
-    DDP_CUDA_CHECK(e);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.reserved += static_cast<int64_t>(size);
-    return p;
-  }
-
-  void release(void* p, size_t size, cudaStream_t stream) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.allocated -= static_cast<int64_t>(size);
-    free_[stream].emplace(size, p);
-  }
-
   const int device_;
-  mutable std::mutex mu_;
-  std::map<cudaStream_t, std::multimap<size_t, void*>> free_;  // per stream: size -> block
-  AllocatorStats stats_;
+  BlockPool pool_;
 };
 
 // ---- pinned host memory
@@ -123,20 +66,7 @@ class CudaCachingAllocator final : public Allocator {
 
 class PinnedAllocator {
  public:
-  DataPtr allocate(size_t nbytes) {
-    size_t size = round_size(nbytes);
-    if (size == 0) return DataPtr(nullptr, [](void*) {});
-    char* p = take_cached(size);
-    if (p == nullptr) {
-      void* q = nullptr;
-      // Portable: page-locked for every device, not only the current one.
-      DDP_CUDA_CHECK(cudaHostAlloc(&q, size, cudaHostAllocPortable));
-      p = static_cast<char*>(q);
-      std::lock_guard<std::mutex> lock(mu_);
-      blocks_[p].size = size;
-    }
-    return DataPtr(p, [this, size](void* q) { release(static_cast<char*>(q), size); });
-  }
+  DataPtr allocate(size_t nbytes) { return pool_.allocate(nbytes); }
 
   void record_use(const void* ptr, const gpu::Stream& s) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -183,26 +113,39 @@ class PinnedAllocator {
     return true;
   }
 
-  char* take_cached(size_t size) {
+  void* host_alloc(size_t size) {
+    void* p = nullptr;
+    // Portable: page-locked for every device, not only the current one.
+    DDP_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocPortable));
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = free_.lower_bound(size); it != free_.end() && it->first <= 2 * size; ++it) {
-      if (idle(blocks_[it->second])) {
-        char* p = it->second;
-        free_.erase(it);
-        return p;
-      }
+    blocks_[static_cast<char*>(p)].size = size;
+    return p;
+  }
+
+  // Only the pool's empty_cache frees a pinned block (nothing calls it today): wait for the
+  // copies recorded on the block before its memory goes back.
+  void host_free(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(static_cast<char*>(p));
+    for (cudaEvent_t e : it->second.pending) {
+      DDP_CUDA_CHECK(cudaEventSynchronize(e));
+      cudaEventDestroy(e);
     }
-    return nullptr;
+    blocks_.erase(it);
+    DDP_CUDA_CHECK(cudaFreeHost(p));
   }
 
-  void release(char* p, size_t size) {
+  bool ready(void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.emplace(size, p);
+    return idle(blocks_[static_cast<char*>(p)]);
   }
 
-  std::mutex mu_;
-  std::map<char*, Block> blocks_;      // every block ever allocated, by address
-  std::multimap<size_t, char*> free_;  // cached blocks: size -> address
+  std::mutex mu_;                  // guards blocks_ (the pool has its own lock for its lists)
+  std::map<char*, Block> blocks_;  // every block ever allocated, by address
+  BlockPool pool_{kCPU,
+                  kLargeStep,
+                  {[this](size_t n) { return host_alloc(n); }, [this](void* p) { host_free(p); },
+                   [this](void* p) { return ready(p); }}};
 };
 
 PinnedAllocator& pinned_allocator() {

@@ -102,36 +102,12 @@ __device__ __forceinline__ D cast_value(S v) {
   return static_cast<D>(static_cast<compute_t<S>>(v));
 }
 
-// Writes v into element i of an array of runtime dtype `dt`. The switch is uniform across a warp,
-// so it costs little, and it spares an instantiation per (input, output) dtype pair.
+// Writes v, cast to the C++ type of `dt` (scalar_t in each case), into element i of an array of
+// runtime dtype `dt`. The switch is uniform across a warp, so it costs little, and it spares an
+// instantiation per (input, output) dtype pair.
 template <class S>
 __device__ __forceinline__ void store_as(void* base, DType dt, int64_t i, S v) {
-  switch (dt) {
-    case DType::Float32:
-      static_cast<float*>(base)[i] = cast_value<float>(v);
-      break;
-    case DType::Float64:
-      static_cast<double*>(base)[i] = cast_value<double>(v);
-      break;
-    case DType::Float16:
-      static_cast<Half*>(base)[i] = cast_value<Half>(v);
-      break;
-    case DType::BFloat16:
-      static_cast<BFloat16*>(base)[i] = cast_value<BFloat16>(v);
-      break;
-    case DType::Int64:
-      static_cast<int64_t*>(base)[i] = cast_value<int64_t>(v);
-      break;
-    case DType::Int32:
-      static_cast<int32_t*>(base)[i] = cast_value<int32_t>(v);
-      break;
-    case DType::UInt8:
-      static_cast<uint8_t*>(base)[i] = cast_value<uint8_t>(v);
-      break;
-    case DType::Bool:
-      static_cast<bool*>(base)[i] = cast_value<bool>(v);
-      break;
-  }
+  switch (dt) { DDP_ALL_CASES(static_cast<scalar_t*>(base)[i] = cast_value<scalar_t>(v)) }
 }
 
 // Reads an index tensor element (int64 or int32).
