@@ -479,8 +479,8 @@ int main(int argc, char** argv) {
           loss = F::cross_entropy(logits, b.labels);
           // Dividing by the group size makes the summed gradient the mean over the group.
           Tensor to_backward = group_size > 1 ? ddplab::div(loss, group_size) : loss;
-          scaler.scale(to_backward)
-              .backward();  // under DDP (last micro-batch): averaged over ranks
+          // Under DDP, the group's last backward also averages the gradients over the ranks.
+          scaler.scale(to_backward).backward();
         }
         const int64_t n = b.labels.size(0);
         loss_sum += loss.item<double>() * static_cast<double>(n);
@@ -493,13 +493,15 @@ int main(int argc, char** argv) {
         scaler.unscale_(opt);  // true gradients for the norm (a no-op without --grad-scaler)
         grad_norm = optim::clip_grad_norm_(
             params, c.clip_grad_norm > 0 ? c.clip_grad_norm : optim::kInfNorm);
-        if (!scaler.step(opt)) ++skipped_steps;  // skipped on inf/NaN (only with --grad-scaler)
+        const bool stepped = scaler.step(opt);  // false on inf/NaN (only with --grad-scaler)
+        if (!stepped) ++skipped_steps;
         scaler.update();
         opt.zero_grad();
         sched->step();
         ++step;
         ++epoch_steps;
-        if (main_rank && c.grad_norm_warn > 0 && !(grad_norm <= c.grad_norm_warn)) {
+        // A skipped step's norm is inf by definition: the scaler has dealt with it.
+        if (main_rank && stepped && c.grad_norm_warn > 0 && !(grad_norm <= c.grad_norm_warn)) {
           bar.end_line();  // on a terminal, below the progress line
           std::printf("warning: step %lld: gradient norm %.4g exceeds --grad-norm-warn %g%s\n",
                       static_cast<long long>(step), grad_norm, c.grad_norm_warn,

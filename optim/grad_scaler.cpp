@@ -20,13 +20,15 @@
 //
 // Finding inf/NaN in one reduction per gradient
 // ---------------------------------------------
-// sum(g) is finite exactly when every element of g is finite: an inf or NaN element makes the sum
-// inf or NaN (inf + -inf = NaN), and finite float32 values cannot overflow the sum, which the CPU
-// accumulates in float64. So one pass over each gradient gives a scalar, and the scalars of all
-// gradients are summed (again in float64) into a single number whose finiteness is the flag: no
-// per-tensor isfinite map, no per-tensor host sync, one host sync per step. (A CUDA sum
-// accumulates in float32; a gradient whose sum overflows float32 is reported as an overflow,
-// which it effectively is.)
+// An inf or NaN element makes sum(g) inf or NaN (inf + -inf = NaN), so one pass over each gradient
+// gives a scalar whose finiteness answers "is g finite?", and the scalars of all gradients are
+// summed (in float64) into a single number whose finiteness is the flag: no per-tensor isfinite
+// map, no per-tensor host sync, one host sync per step. The converse holds except at float32's
+// very limit: the sum of finite elements comes back as inf only when it exceeds ~3.4e38 (the CPU
+// accumulates in float64 but returns float32; CUDA accumulates in float32). Such a gradient's
+// squared norm is inf already, so calling it an overflow is the useful answer; PyTorch's fused
+// kernel, which tests each element, would let that step through.
+
 #include "optim/grad_scaler.h"
 
 #include <cmath>
@@ -73,6 +75,11 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     for (const Tensor& p : group.params) {
       const Tensor g = p.grad();
       if (!g.defined()) continue;
+      // As PyTorch: the parameters (and so their gradients) must stay float32 under autocast; a
+      // float16 gradient would overflow the unscaled sum at 65504 and lose the small values.
+      DDP_CHECK(g.dtype() != kFloat16,
+                "GradScaler::unscale_: a float16 gradient; keep the parameters in float32 and let "
+                "autocast run the float16 math");
       ops::mul_(g, inv_scale);
       sums.push_back(ops::to(ops::sum(g), kFloat64));  // inf/NaN survive: see the note above
       device = g.device();

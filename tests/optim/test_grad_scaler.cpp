@@ -163,6 +163,15 @@ TEST_CASE("GradScaler: disabled, it passes everything through") {
   CHECK(s.state_dict().empty());
 }
 
+TEST_CASE("GradScaler: float16 gradients are refused, as in PyTorch") {
+  Tensor w = ops::ones({2}, kFloat16);
+  w.set_requires_grad(true);
+  optim::SGD opt({w}, {0.1});
+  optim::GradScaler s;
+  w.set_grad(ops::ones({2}, kFloat16));
+  CHECK_THROWS_WITH_AS(s.unscale_(opt), doctest::Contains("float16 gradient"), Error);
+}
+
 TEST_CASE("GradScaler: invalid options are rejected") {
   optim::GradScalerOptions o;
   o.growth_interval = 0;
