@@ -70,6 +70,10 @@ class Reducer {
   bool reduction_pending() const { return armed_; }
   // True once the buckets follow the observed gradient order (Note [Rebuilding buckets]).
   bool buckets_rebuilt() const { return buckets_rebuilt_; }
+  // Synchronized backward passes completed so far: each is one round of bucket all-reduces
+  // (backwards inside no_sync() do not count). Lets a training loop check that gradient
+  // accumulation communicates once per optimizer step.
+  int64_t num_synchronized_backwards() const { return iteration_; }
 
  private:
   // Lays out buckets_ from `order` (parameter indices, first-ready first) and the caps.

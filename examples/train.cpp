@@ -11,7 +11,9 @@
 // forward / loss / backward / step) so that data parallelism is a few lines on top: the loop
 // works on an `nn::Module&` (wrap it) and takes its order of training examples from a
 // data::Sampler (give each rank its share). Every line that single-process training would not
-// need is marked `// DDP:`; setup_distributed() joins the job. See docs/training.md.
+// need is marked `// DDP:`; setup_distributed() joins the job. Gradient accumulation
+// (--accumulation-steps), clipping (--clip-grad-norm) and loss scaling (--grad-scaler) sit
+// between backward and the optimizer step. See docs/training.md.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +26,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "autograd/functions.h"
@@ -38,6 +41,9 @@
 #include "models/models.h"
 #include "nn/functional.h"
 #include "nn/module.h"
+#include "nn/sync_batchnorm.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
 #include "tensor/ops.h"
@@ -69,7 +75,29 @@ struct Config {
   std::string init_from, save, metrics;
   int num_workers = 2;
   int64_t subset = 0;
+  int64_t accumulation_steps = 1;  // micro-batches per optimizer step
+  double clip_grad_norm = 0;       // 0: no clipping
+  double grad_norm_warn = 10;      // 0: no warning
+  bool sync_bn = false;
+  bool grad_scaler = false;
 };
+
+// Checks the flags that CLI11 cannot check alone; returns an error message, empty when all is well.
+std::string validate(const Config& c) {
+  std::ostringstream err;
+  if (c.accumulation_steps < 1) {
+    err << "--accumulation-steps must be at least 1 (got " << c.accumulation_steps
+        << "): it is the number of micro-batches whose gradients are summed before each "
+           "optimizer step (1: no accumulation)";
+  } else if (!(c.clip_grad_norm >= 0) || std::isinf(c.clip_grad_norm)) {  // also NaN
+    err << "--clip-grad-norm must be a finite number >= 0 (got " << c.clip_grad_norm
+        << "); 0 turns clipping off";
+  } else if (!(c.grad_norm_warn >= 0)) {
+    err << "--grad-norm-warn must be >= 0 (got " << c.grad_norm_warn
+        << "); 0 turns the warning off";
+  }
+  return err.str();
+}
 
 // --- data ------------------------------------------------------------------------------------
 
@@ -311,7 +339,23 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
   app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
+  app.add_option("--accumulation-steps", c.accumulation_steps,
+                 "micro-batches of --batch-size per optimizer step (DDP: one all-reduce per step)")
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "clip the gradients' total 2-norm to this (0: no clipping)");
+  app.add_option("--grad-norm-warn", c.grad_norm_warn,
+                 "warn when the gradient norm exceeds this (0: never)")
+      ->capture_default_str();
+  app.add_flag("--sync-bn", c.sync_bn,
+               "DDP: BatchNorm2d -> SyncBatchNorm (statistics over all ranks)");
+  app.add_flag("--grad-scaler", c.grad_scaler,
+               "dynamic loss scaling (GradScaler; overflowing steps are skipped)");
   CLI11_PARSE(app, argc, argv);
+  if (const std::string err = validate(c); !err.empty()) {
+    std::cerr << "error: " << err << "\n";
+    return 2;
+  }
 
   try {
     if (c.threads > 0) set_num_threads(c.threads);
@@ -353,6 +397,11 @@ int main(int argc, char** argv) {
     auto net = models::create(c.model, d.train->num_classes(), sample[0], sample[1]);
     if (!c.init_from.empty()) nn::load(*net, c.init_from);
     net->to(device);
+    if (c.sync_bn && pg) {  // DDP: batch statistics over the whole global batch; before wrapping
+      net = nn::convert_sync_batchnorm(net, pg);
+    } else if (c.sync_bn && main_rank) {
+      std::printf("note: --sync-bn with one process: BatchNorm2d kept\n");
+    }
     // DDP: wrap the model. The wrapper's constructor broadcasts rank 0's weights (also after
     // --init-from); its forward and backward keep the ranks' gradients equal.
     std::shared_ptr<distributed::DDP> ddp;                            // DDP:
@@ -364,17 +413,40 @@ int main(int argc, char** argv) {
                   static_cast<long long>(n_train), static_cast<long long>(d.test->size()),
                   device.str().c_str());
       if (pg) {  // DDP: the job's shape
-        std::printf("DDP: %d ranks (%s), batch %lld per rank\n", world, pg->backend_name().c_str(),
-                    static_cast<long long>(c.batch_size));
+        std::printf("DDP: %d ranks (%s), batch %lld per rank%s\n", world,
+                    pg->backend_name().c_str(), static_cast<long long>(c.batch_size),
+                    c.sync_bn ? ", SyncBatchNorm" : "");
+      }
+      if (c.accumulation_steps > 1) {
+        std::printf("accumulation: %lld micro-batches per step, %lld examples per step\n",
+                    static_cast<long long>(c.accumulation_steps),
+                    static_cast<long long>(c.accumulation_steps * c.batch_size * world));
       }
     }
 
-    // Optimizer and schedule (stepped every iteration).
+    // Optimizer and schedule (stepped every optimizer step). With accumulation an optimizer step
+    // takes `accumulation_steps` micro-batches; the epoch's last step takes what is left.
     optim::SGD opt(model.parameters(), {c.lr, c.momentum, 0, c.weight_decay, false});
-    const int64_t steps_per_epoch = train_loader.size();
+    const int64_t micro_per_epoch = train_loader.size();
+    const int64_t accum = c.accumulation_steps;
+    const int64_t steps_per_epoch = (micro_per_epoch + accum - 1) / accum;
+    if (accum > micro_per_epoch && main_rank) {
+      std::printf(
+          "note: --accumulation-steps %lld exceeds the %lld batches of an epoch: one "
+          "optimizer step per epoch\n",
+          static_cast<long long>(accum), static_cast<long long>(micro_per_epoch));
+    }
     int64_t total_steps = steps_per_epoch * c.epochs;
     if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
     auto sched = make_schedule(c, opt, total_steps, steps_per_epoch);
+    // Dynamic loss scaling; with a process group every rank skips the same overflowing steps
+    // (Note [One scale on every rank], optim/grad_scaler.cpp). Disabled, it passes through.
+    optim::GradScalerOptions scaler_options;
+    scaler_options.enabled = c.grad_scaler;
+    optim::GradScaler scaler(scaler_options, pg);
+    const std::vector<Tensor> params = model.parameters();
+    double grad_norm = 0;
+    int64_t skipped_steps = 0;
 
     std::ofstream metrics;
     if (!c.metrics.empty()) metrics.open(c.metrics, std::ios::app);
@@ -388,21 +460,54 @@ int main(int argc, char** argv) {
       const auto epoch_start = Clock::now();
       double loss_sum = 0;
       int64_t correct = 0, seen = 0, epoch_steps = 0;
+      int64_t micro = 0;  // micro-batches of this epoch so far
       for (auto& batch : train_loader) {
+        // This micro-batch's accumulation group: which micro-batches it spans, and whether this
+        // one ends it (and so is followed by the optimizer step).
+        const int64_t group_start = micro / accum * accum;
+        const int64_t group_size = std::min(accum, micro_per_epoch - group_start);
+        const bool steps_now = micro - group_start == group_size - 1;
+        ++micro;
         data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
-        Tensor logits = model(b.images);
-        Tensor loss = F::cross_entropy(logits, b.labels);
-        loss.backward();  // under DDP this also averages the gradients over the ranks
-        opt.step();
-        opt.zero_grad();
-        sched->step();
-        ++step;
-        ++epoch_steps;
-
+        Tensor logits, loss;
+        {
+          // DDP: before the group's last micro-batch, backward only accumulates locally; the last
+          // backward all-reduces the sum: one round of bucket all-reduces per optimizer step.
+          std::optional<distributed::DDP::NoSyncGuard> no_sync;  // DDP:
+          if (ddp && !steps_now) no_sync.emplace(*ddp);          // DDP:
+          logits = model(b.images);
+          loss = F::cross_entropy(logits, b.labels);
+          // Dividing by the group size makes the summed gradient the mean over the group.
+          Tensor to_backward = group_size > 1 ? ddplab::div(loss, group_size) : loss;
+          // Under DDP, the group's last backward also averages the gradients over the ranks.
+          scaler.scale(to_backward).backward();
+        }
         const int64_t n = b.labels.size(0);
         loss_sum += loss.item<double>() * static_cast<double>(n);
         correct += std::llround(F::accuracy(logits.detach(), b.labels) * static_cast<double>(n));
         seen += n;
+        if (!steps_now) continue;
+
+        // The gradients are now the same on every rank (DDP), so the norm, the clipping and the
+        // overflow decision are the same everywhere too.
+        scaler.unscale_(opt);  // true gradients for the norm (a no-op without --grad-scaler)
+        grad_norm = optim::clip_grad_norm_(
+            params, c.clip_grad_norm > 0 ? c.clip_grad_norm : optim::kInfNorm);
+        const bool stepped = scaler.step(opt);  // false on inf/NaN (only with --grad-scaler)
+        if (!stepped) ++skipped_steps;
+        scaler.update();
+        opt.zero_grad();
+        sched->step();
+        ++step;
+        ++epoch_steps;
+        // A skipped step's norm is inf by definition: the scaler has dealt with it.
+        if (main_rank && stepped && c.grad_norm_warn > 0 && !(grad_norm <= c.grad_norm_warn)) {
+          bar.end_line();  // on a terminal, below the progress line
+          std::printf("warning: step %lld: gradient norm %.4g exceeds --grad-norm-warn %g%s\n",
+                      static_cast<long long>(step), grad_norm, c.grad_norm_warn,
+                      c.clip_grad_norm > 0 ? " (clipped)" : "");
+        }
+
         double secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
         double ips = static_cast<double>(seen) / secs;
         double run_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -433,7 +538,13 @@ int main(int argc, char** argv) {
         nlohmann::json j = {{"epoch", epoch},           {"step", step},
                             {"train_loss", train_loss}, {"train_acc", train_acc},
                             {"test_acc", test_acc},     {"images_per_sec", ips},
-                            {"seconds", seconds}};
+                            {"seconds", seconds},       {"grad_norm", grad_norm}};
+        if (c.grad_scaler) {
+          j["loss_scale"] = scaler.get_scale();
+          j["skipped_steps"] = skipped_steps;
+        }
+        // DDP: rounds of bucket all-reduces so far; with accumulation, equal to "step".
+        if (ddp) j["grad_sync_rounds"] = ddp->reducer().num_synchronized_backwards();
         metrics << j.dump() << "\n";
         metrics.flush();
       }
