@@ -4,6 +4,8 @@
 //   bench_ddp ddp       [--steps N] [--batch 32]   under ddprun: the same step through DDP
 //   bench_ddp naive     [--steps N] [--batch 32]   under ddprun: naive_allreduce_grads instead
 //                                                  (no buckets, no overlap), for comparison
+//   bench_ddp syncbn    [--steps N] [--batch 32]   under ddprun: the DDP step with every
+//                                                  BatchNorm2d converted to SyncBatchNorm
 //   bench_ddp allreduce [--iters N]                under ddprun: all-reduce of 1M and 16M floats
 //
 // Every mode prints "BENCH <key> <value>" lines (rank 0 only), which bench/bench_ddp.py collects
@@ -22,6 +24,7 @@
 #include "distributed/naive_allreduce_grads.h"
 #include "models/models.h"
 #include "nn/functional.h"
+#include "nn/sync_batchnorm.h"
 #include "optim/sgd.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -44,14 +47,16 @@ int64_t flag(int argc, char** argv, const std::string& name, int64_t fallback) {
 }
 
 // Median seconds per training step of resnet20 on random CIFAR-sized data.
-// mode: "single" (no communication), "ddp" (through the wrapper), "naive" (after-backward loop).
+// mode: "single" (no communication), "ddp" (through the wrapper), "naive" (after-backward loop),
+// "syncbn" (through the wrapper, with SyncBatchNorm: two more collectives per BatchNorm layer).
 void bench_step(const std::string& mode, int64_t batch, int64_t steps,
                 const std::shared_ptr<distributed::ProcessGroup>& pg) {
   manual_seed(0);
   auto net = models::create("resnet20", 10, 3);
   std::shared_ptr<distributed::DDP> ddp;
   nn::Module* model = net.get();
-  if (mode == "ddp") {
+  if (mode == "syncbn") net = nn::convert_sync_batchnorm(net, pg);
+  if (mode == "ddp" || mode == "syncbn") {
     ddp = std::make_shared<distributed::DDP>(net, pg);
     model = ddp.get();
   } else if (mode == "naive") {
@@ -84,7 +89,7 @@ void bench_step(const std::string& mode, int64_t batch, int64_t steps,
   std::printf("BENCH %s_step_ms %.2f\n", mode.c_str(), 1e3 * times[times.size() / 2]);
   std::printf("BENCH %s_images_per_sec %.1f\n", mode.c_str(),
               static_cast<double>(batch * (pg ? pg->size() : 1)) / times[times.size() / 2]);
-  if (ddp) {
+  if (mode == "ddp") {
     std::sort(exposed.begin(), exposed.end());
     const auto& tl = ddp->reducer().last_iteration_timeline();
     std::printf("BENCH ddp_buckets %zu\n", tl.buckets.size());
@@ -122,7 +127,7 @@ void bench_allreduce(int64_t iters, const std::shared_ptr<distributed::ProcessGr
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_ddp single|ddp|naive|allreduce [--steps N] [--batch B]\n");
+    std::fprintf(stderr, "usage: bench_ddp single|ddp|naive|syncbn|allreduce [--steps N] [--batch B]\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -136,7 +141,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "allreduce") {
       bench_allreduce(flag(argc, argv, "--iters", 20), pg);
-    } else if (mode == "single" || mode == "ddp" || mode == "naive") {
+    } else if (mode == "single" || mode == "ddp" || mode == "naive" || mode == "syncbn") {
       bench_step(mode, flag(argc, argv, "--batch", mode == "single" ? 64 : 32),
                  flag(argc, argv, "--steps", 8), pg);
     } else {

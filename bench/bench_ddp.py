@@ -3,7 +3,8 @@
 Runs the same four measurements with both frameworks and prints them side by side with ratios:
   1. resnet20 training step, one process, batch 64, 1 thread;
   2. the same with DDP on 2 ranks, batch 32 each, 1 thread each (same global batch);
-  3. (ddplab only) the same with the naive after-backward all-reduce loop;
+  3. (ddplab only) the same with the naive after-backward all-reduce loop, and with every
+     BatchNorm2d converted to SyncBatchNorm (PyTorch's SyncBatchNorm runs on CUDA only);
   4. all-reduce of 1M and 16M float32 through the Gloo group, 2 ranks.
 
     python3 bench/bench_ddp.py [--build build] [--steps 8]
@@ -132,6 +133,7 @@ def main():
     ddp = run_ddplab(args.build, "ddp", args.steps, nproc=2)
     ours.update({k: v[0] for k, v in ddp.items() if len(v) == 1})
     ours.update({k: v[0] for k, v in run_ddplab(args.build, "naive", args.steps, nproc=2).items()})
+    ours.update({k: v[0] for k, v in run_ddplab(args.build, "syncbn", args.steps, nproc=2).items()})
     ours.update({k: v[0] for k, v in run_ddplab(args.build, "allreduce", args.steps, nproc=2).items()})
     theirs = run_torch(args.steps)
 
@@ -143,6 +145,7 @@ def main():
         a, b = ours.get(key), theirs.get(key)
         print("%-36s %12.2f %12.2f %10.2f   (%s is better)" % (key, a, b, a / b, better))
     print("%-36s %12.2f %12s" % ("naive_step_ms (no buckets/overlap)", ours["naive_step_ms"], "-"))
+    print("%-36s %12.2f %12s" % ("syncbn_step_ms (DDP + SyncBatchNorm)", ours["syncbn_step_ms"], "-"))
     print("%-36s %12.2f %12s" % ("ddp_exposed_comm_ms (after backward)",
                                   ours["ddp_exposed_comm_ms"], "-"))
     print("%-36s %12d" % ("ddp_buckets", ours["ddp_buckets"]))
@@ -150,6 +153,8 @@ def main():
         print("%s: DDP speed-up over one process (2 ranks, same global batch): %.2fx"
               % (name, r["single_step_ms"] / r["ddp_step_ms"]))
     print("ddplab DDP step vs naive loop: %.2fx" % (ours["naive_step_ms"] / ours["ddp_step_ms"]))
+    print("ddplab SyncBatchNorm cost: DDP step with SyncBatchNorm / with BatchNorm2d = %.2fx"
+          % (ours["syncbn_step_ms"] / ours["ddp_step_ms"]))
     print("ddplab bucket timeline of the last step (ms since backward reached the output):")
     buckets = [k for k in ddp if k.endswith("ready_launched_finished_ms")]
     for key in sorted(buckets, key=lambda k: int(k.split("_")[1][len("bucket"):])):
