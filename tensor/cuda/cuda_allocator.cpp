@@ -44,14 +44,19 @@ void device_free(int device, void* p) {
 // deleter, which must not throw: when CUDA is gone (a tensor freed after main returned) there is
 // no work left to wait for, and nullptr says so.
 void* record_event_on(int device, const void* stream) {
-  if (cudaSetDevice(device) != cudaSuccess) return nullptr;
-  cudaEvent_t e = nullptr;
-  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return nullptr;
-  if (cudaEventRecord(e, static_cast<cudaStream_t>(const_cast<void*>(stream))) != cudaSuccess) {
-    cudaEventDestroy(e);
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
     cudaGetLastError();
     return nullptr;
   }
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(e, static_cast<cudaStream_t>(const_cast<void*>(stream))) != cudaSuccess) {
+    if (e != nullptr) cudaEventDestroy(e);
+    cudaGetLastError();
+    e = nullptr;
+  }
+  cudaSetDevice(previous);  // a deleter must not change the thread's device
   return e;
 }
 

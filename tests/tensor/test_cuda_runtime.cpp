@@ -147,6 +147,7 @@ TEST_CASE("the caching allocator splits cached blocks and record_stream delays r
   CHECK(a.stats().reserved == before.reserved);
 
   gpu::Stream side = gpu::Stream::create(0);
+  a.empty_cache();  // no other cached block of this size may serve `u` below
   Tensor t = ops::zeros({1024}, {kFloat32, cuda(0)});
   void* block = t.raw_data();
   gpu::record_stream(t, side);
