@@ -4,7 +4,10 @@
 // shared: only ratios measured in one run mean anything).
 //
 //   build/bench/bench_train [--model resnet20|cnn|...] [--batch 128] [--threads 1]
-//                           [--warmup 3] [--steps 10] [--profile]
+//                           [--warmup 3] [--steps 10] [--device cpu|cuda] [--profile]
+//
+// On a GPU (--device cuda; scripts/gpu-check) the step ends with a synchronize, and so does each
+// timed part: the times are those of the GPU work, not of queueing it.
 //
 // Prints one human-readable line and one `RESULT key=value ...` line (parsed by the driver):
 // median step time, images/s, and the medians of its forward (incl. loss), backward and
@@ -28,6 +31,7 @@
 #include "models/models.h"
 #include "nn/functional.h"
 #include "optim/sgd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
@@ -176,6 +180,7 @@ struct Config {
   int warmup = 3;
   int steps = 10;
   bool profile = false;
+  std::string device = "cpu";
 };
 
 int run(const Config& c) {
@@ -183,22 +188,28 @@ int run(const Config& c) {
   manual_seed(0);
   const bool small = c.model == "cnn" || c.model == "mlp";
   const int64_t channels = small ? 1 : 3, size = small ? 28 : 32;
+  const Device device(c.device);
   auto model = models::create(c.model, 10, channels, size);
+  model->to(device);
   model->train();
   optim::SGD opt(model->parameters(), {0.01, 0.9, 0, 5e-4, false});
-  Tensor x = ops::randn({c.batch, channels, size, size});
-  Tensor y = ops::randint(0, 10, {c.batch});
+  Tensor x = ops::to(ops::randn({c.batch, channels, size, size}), device);
+  Tensor y = ops::to(ops::randint(0, 10, {c.batch}), device);
+  Backend& backend = backend_for(device);  // synchronize(): a no-op on the CPU
 
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
   auto plain_forward = [&](const Tensor& in) { return (*model)(in); };
   for (int i = 0; i < c.warmup + c.steps; ++i) {
     auto t0 = Clock::now();
     Tensor loss = F::cross_entropy(plain_forward(x), y);
+    backend.synchronize();
     auto t1 = Clock::now();
     loss.backward();
+    backend.synchronize();
     auto t2 = Clock::now();
     opt.step();
     opt.zero_grad();
+    backend.synchronize();
     auto t3 = Clock::now();
     if (i < c.warmup) continue;
     fwd_s.push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -209,15 +220,15 @@ int run(const Config& c) {
   const double ms = median(step_s) * 1e3;
   const double ips = static_cast<double>(c.batch) / median(step_s);
   std::printf(
-      "ddplab %s batch %lld threads %d: step %.1f ms (median of %d; forward %.1f, backward "
+      "ddplab %s %s batch %lld threads %d: step %.1f ms (median of %d; forward %.1f, backward "
       "%.1f, optimizer %.1f), %.0f images/s\n",
-      c.model.c_str(), static_cast<long long>(c.batch), c.threads, ms, c.steps, median(fwd_s) * 1e3,
-      median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads, ms, c.steps,
+      median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
   std::printf(
-      "RESULT impl=ddplab model=%s batch=%lld threads=%d step_ms=%.3f fwd_ms=%.3f "
+      "RESULT impl=ddplab model=%s device=%s batch=%lld threads=%d step_ms=%.3f fwd_ms=%.3f "
       "bwd_ms=%.3f opt_ms=%.3f ips=%.1f\n",
-      c.model.c_str(), static_cast<long long>(c.batch), c.threads, ms, median(fwd_s) * 1e3,
-      median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads, ms,
+      median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
 
   if (c.profile) {
     Breakdown fwd, bwd, opt_b;
@@ -265,12 +276,14 @@ int main(int argc, char** argv) {
       c.warmup = std::stoi(value());
     } else if (f == "--steps") {
       c.steps = std::stoi(value());
+    } else if (f == "--device") {
+      c.device = value();
     } else if (f == "--profile") {
       c.profile = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_train [--model resnet20|cnn|...] [--batch N] [--threads N] "
-                   "[--warmup N] [--steps N] [--profile]\n");
+                   "[--warmup N] [--steps N] [--device cpu|cuda] [--profile]\n");
       return 2;
     }
   }

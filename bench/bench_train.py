@@ -55,19 +55,32 @@ def run_torch(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model, shape = build_model(args.model)
-    model.train()
+    device = torch.device(args.device)
+    model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    x = torch.randn(args.batch, *shape)
-    y = torch.randint(0, 10, (args.batch,))
+    x = torch.randn(args.batch, *shape).to(device)
+    y = torch.randint(0, 10, (args.batch,)).to(device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32, as in ddplab
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    forward = torch.compile(model) if args.compile else model
+    # On a GPU each timed part ends with a synchronize, as in bench_train.cpp.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
     def step(times):
         t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
+        with amp:
+            loss = F.cross_entropy(forward(x), y)
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)  # ddplab's zero_grad drops the gradients too
+        sync()
         t3 = time.perf_counter()
         if times is not None:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
@@ -79,10 +92,13 @@ def run_torch(args):
         step(times)
     med = [statistics.median(t[i] for t in times) * 1e3 for i in range(4)]
     ips = args.batch / (med[0] / 1e3)
-    print(f"torch {torch.__version__} {args.model} batch {args.batch} threads {args.threads}: step "
+    impl = "torch" + ("+compile" if args.compile else "") + ("+amp" if args.amp else "")
+    print(f"{impl} {torch.__version__} {args.model} {args.device} batch {args.batch} threads "
+          f"{args.threads}: step "
           f"{med[0]:.1f} ms (median of {args.steps}; forward {med[1]:.1f}, backward {med[2]:.1f}, "
           f"optimizer {med[3]:.1f}), {ips:.0f} images/s")
-    print(f"RESULT impl=torch model={args.model} batch={args.batch} threads={args.threads} "
+    print(f"RESULT impl={impl} model={args.model} device={args.device} batch={args.batch} "
+          f"threads={args.threads} "
           f"step_ms={med[0]:.3f} fwd_ms={med[1]:.3f} bwd_ms={med[2]:.3f} opt_ms={med[3]:.3f} "
           f"ips={ips:.1f}")
     if args.profile:
@@ -162,6 +178,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table after timing")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu-check)")
+    ap.add_argument("--amp", action="store_true", help="autocast to bfloat16")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--driver", action="store_true", help="run ddplab and torch interleaved")
     ap.add_argument("--bin", default="build-bench/bench/bench_train", help="the ddplab program")
     ap.add_argument("--rounds", type=int, default=3)

@@ -46,9 +46,9 @@ struct Batch {
   std::vector<int64_t> indices;  // the dataset index of each sample
   int64_t batch_index = 0;       // position in the epoch
 
-  // Both tensors on `device`; non_blocking copies from pinned memory are asynchronous. Keep this
-  // Batch alive until the copy has finished (or rely on the pinned allocator to record the
-  // copy's stream before reusing the block): its buffers are the copy's source.
+  // Both tensors on `device`; non_blocking copies from pinned memory are asynchronous. This
+  // Batch may be dropped at once: the copy records an event on its pinned buffers, and the
+  // pinned allocator hands them out again only after that event (tensor/cuda/cuda_allocator.h).
   Batch to(Device device, bool non_blocking = false) const;
 };
 

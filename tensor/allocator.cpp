@@ -27,7 +27,7 @@ class CachingHostAllocator final : public Allocator {
   BlockPool pool_{kCPU,
                   size_t{1} << 20,
                   {[](size_t n) { return std::aligned_alloc(kAlignment, n); },
-                   [](void* p) { std::free(p); }, nullptr}};
+                   [](void* p) { std::free(p); }, nullptr, nullptr, nullptr}};
 };
 
 }  // namespace

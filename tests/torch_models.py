@@ -24,27 +24,27 @@ class BasicBlock(nn.Module):
         return self.relu(out + identity)
 
 
-class CifarResNet(nn.Module):
-    def __init__(self, depth, num_classes=10, in_channels=3):
+class ResNet(nn.Module):
+    """BasicBlock ResNet with the 32x32 stem of models/resnet.cpp (3x3 stride 1, no max-pool)."""
+
+    def __init__(self, blocks, widths, stem_width, num_classes=10, in_channels=3):
         super().__init__()
-        n = (depth - 2) // 6
-        self.conv1 = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
+        self.conv1 = nn.Conv2d(in_channels, stem_width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(stem_width)
         self.relu = nn.ReLU()
-        inplanes = 16
-        layers = []
-        for s, planes in enumerate([16, 32, 64]):
-            blocks = []
+        inplanes = stem_width
+        self.num_layers = len(blocks)
+        for s, (n, planes) in enumerate(zip(blocks, widths)):
+            layer = []
             for b in range(n):
                 stride = 2 if (s > 0 and b == 0) else 1
                 ds = None
                 if stride != 1 or inplanes != planes:
                     ds = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, 0, bias=False),
                                        nn.BatchNorm2d(planes))
-                blocks.append(BasicBlock(inplanes, planes, stride, ds))
+                layer.append(BasicBlock(inplanes, planes, stride, ds))
                 inplanes = planes
-            layers.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3 = layers
+            setattr(self, f"layer{s + 1}", nn.Sequential(*layer))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(inplanes, num_classes)
         for m in self.modules():
@@ -53,8 +53,15 @@ class CifarResNet(nn.Module):
 
     def forward(self, x):
         out = self.relu(self.bn1(self.conv1(x)))
-        out = self.layer3(self.layer2(self.layer1(out)))
+        for s in range(self.num_layers):
+            out = getattr(self, f"layer{s + 1}")(out)
         return self.fc(self.avgpool(out).flatten(1))
+
+
+class CifarResNet(ResNet):
+    def __init__(self, depth, num_classes=10, in_channels=3):
+        n = (depth - 2) // 6
+        super().__init__([n, n, n], [16, 32, 64], 16, num_classes, in_channels)
 
 
 class SmallCNN(nn.Module):
@@ -82,6 +89,8 @@ def build_model(name):
     m = re.fullmatch(r"resnet(\d+)", name)
     if m and int(m.group(1)) in (20, 32, 44, 56, 110):
         return CifarResNet(int(m.group(1))), (3, 32, 32)
+    if name == "resnet18":  # models::resnet18 on 32x32 images (the CIFAR stem)
+        return ResNet([2, 2, 2, 2], [64, 128, 256, 512], 64), (3, 32, 32)
     if name == "cnn":
         return SmallCNN(), (1, 28, 28)
-    raise SystemExit(f"torch_models: unknown model {name} (resnet20/32/44/56/110, cnn)")
+    raise SystemExit(f"torch_models: unknown model {name} (resnet18, resnet20/32/44/56/110, cnn)")

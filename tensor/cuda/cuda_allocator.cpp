@@ -13,6 +13,7 @@
 #include "tensor/block_pool.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/error.h"
+#include "tensor/tensor.h"
 
 namespace ddplab {
 
@@ -39,13 +40,47 @@ void device_free(int device, void* p) {
   DDP_CUDA_CHECK(cudaFree(p));  // waits for the device, so no kernel still uses p
 }
 
+// For record_stream: an event behind the work queued on `stream` so far. It runs in a tensor's
+// deleter, which must not throw: when CUDA is gone (a tensor freed after main returned) there is
+// no work left to wait for, and nullptr says so.
+void* record_event_on(int device, const void* stream) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(e, static_cast<cudaStream_t>(const_cast<void*>(stream))) != cudaSuccess) {
+    if (e != nullptr) cudaEventDestroy(e);
+    cudaGetLastError();
+    e = nullptr;
+  }
+  cudaSetDevice(previous);  // a deleter must not change the thread's device
+  return e;
+}
+
+// True (and the event destroyed) once the work before `event` has finished.
+bool event_done(void* event) {
+  auto e = static_cast<cudaEvent_t>(event);
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  DDP_CUDA_CHECK(r);
+  cudaEventDestroy(e);
+  return true;
+}
+
 class CudaCachingAllocator final : public Allocator {
  public:
   explicit CudaCachingAllocator(int device)
       : device_(device),
         pool_(cuda(device), kLargeStep,
               {[device](size_t n) { return device_malloc(device, n); },
-               [device](void* p) { device_free(device, p); }, nullptr}) {}
+               [device](void* p) { device_free(device, p); }, nullptr,
+               [device](const void* s) { return record_event_on(device, s); }, event_done}) {}
 
   // Blocks are cached per stream: a block freed while `s` was current goes back only to
   // requests made while `s` is current (see BlockPool::allocate).
@@ -55,6 +90,7 @@ class CudaCachingAllocator final : public Allocator {
   void empty_cache() override { pool_.empty_cache(); }
   AllocatorStats stats() const override { return pool_.stats(); }
   void reset_peak() override { pool_.reset_peak(); }
+  void record_stream(const void* p, const gpu::Stream& s) { pool_.record_stream(p, s.handle()); }
 
  private:
   const int device_;
@@ -135,9 +171,12 @@ class PinnedAllocator {
     DDP_CUDA_CHECK(cudaFreeHost(p));
   }
 
+  // `p` may be a piece of a segment the pool split: the events are kept per segment, so any
+  // copy from the segment holds all of its pieces (safe, and copies finish quickly).
   bool ready(void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    return idle(blocks_[static_cast<char*>(p)]);
+    Block* b = find(p);
+    return b == nullptr || idle(*b);
   }
 
   std::mutex mu_;                  // guards blocks_ (the pool has its own lock for its lists)
@@ -145,7 +184,7 @@ class PinnedAllocator {
   BlockPool pool_{kCPU,
                   kLargeStep,
                   {[this](size_t n) { return host_alloc(n); }, [this](void* p) { host_free(p); },
-                   [this](void* p) { return ready(p); }}};
+                   [this](void* p) { return ready(p); }, nullptr, nullptr}};
 };
 
 PinnedAllocator& pinned_allocator() {
@@ -153,9 +192,7 @@ PinnedAllocator& pinned_allocator() {
   return *a;
 }
 
-}  // namespace
-
-Allocator& cuda_allocator(int device) {
+CudaCachingAllocator& caching_allocator(int device) {
   gpu::require_device(device);
   static std::mutex mu;
   static std::vector<CudaCachingAllocator*> allocators;  // never destroyed: see cpu_allocator()
@@ -164,6 +201,12 @@ Allocator& cuda_allocator(int device) {
   auto& a = allocators[static_cast<size_t>(device)];
   if (a == nullptr) a = new CudaCachingAllocator(device);
   return *a;
+}
+
+}  // namespace
+
+Allocator& cuda_allocator(int device) {
+  return caching_allocator(device);
 }
 
 // Declared in tensor/allocator.h; the CPU-only build defines it in tensor/allocator.cpp.
@@ -188,6 +231,13 @@ bool is_pinned(const void* p) {
 
 void record_pinned_use(const void* p, const Stream& s) {
   pinned_allocator().record_use(p, s);
+}
+
+void record_stream(const Tensor& t, const Stream& s) {
+  DDP_CHECK(
+      t.is_cuda() && t.device().index == s.device(),
+      "record_stream: the tensor is on " << t.device() << ", the stream on cuda:" << s.device());
+  caching_allocator(s.device()).record_stream(t.raw_data(), s);
 }
 
 }  // namespace gpu

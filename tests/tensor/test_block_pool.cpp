@@ -1,5 +1,6 @@
 // BlockPool, the free lists and statistics under the host and CUDA caching allocators: size
-// rounding, best fit, reuse, per-stream lists, statistics, empty_cache and running out of memory.
+// rounding, best fit, splitting and merging, reuse, per-stream lists, record_stream's events,
+// statistics, empty_cache and running out of memory.
 //
 // The pool here gets its memory from a counting fake, so the tests can see every trip to the
 // "system". (test_copy.cpp checks the real host allocator through tensors.)
@@ -83,28 +84,105 @@ TEST_CASE("BlockPool reuses a freed block and counts it as a cache hit") {
   CHECK(pool.stats().num_allocs == 2);
 }
 
-TEST_CASE("BlockPool picks the smallest cached block that fits, but not one over twice the size") {
+TEST_CASE("BlockPool picks the smallest cached block that fits and splits off the rest") {
   FakeMemory mem;
   BlockPool pool(kCPU, kMiB, mem.raw());
-  void *p4 = nullptr, *p8 = nullptr, *p16 = nullptr;
+  char *p4 = nullptr, *p8 = nullptr, *p16 = nullptr;
   {
     DataPtr a = pool.allocate(4 * kKiB), b = pool.allocate(8 * kKiB), c = pool.allocate(16 * kKiB);
-    p4 = a.get(), p8 = b.get(), p16 = c.get();
+    p4 = static_cast<char*>(a.get()), p8 = static_cast<char*>(b.get());
+    p16 = static_cast<char*>(c.get());
   }
   {
     DataPtr d = pool.allocate(5 * kKiB);  // 4 KiB is too small; 8 KiB fits best
     CHECK(d.get() == p8);
-    CHECK(pool.stats().allocated == static_cast<int64_t>(8 * kKiB));  // the block's size counts
+    CHECK(pool.stats().allocated == static_cast<int64_t>(5 * kKiB));  // only the front is used
+    DataPtr e = pool.allocate(3 * kKiB);  // the 3 KiB split off the 8 KiB block
+    CHECK(e.get() == p8 + 5 * kKiB);
   }
   {
-    DataPtr e = pool.allocate(4 * kKiB);
-    CHECK(e.get() == p4);
-    DataPtr f = pool.allocate(4 * kKiB);  // 8 KiB is twice: still fine
+    DataPtr f = pool.allocate(8 * kKiB);  // the two pieces were merged back when freed
     CHECK(f.get() == p8);
-    DataPtr g = pool.allocate(4 * kKiB);  // 16 KiB is four times: a fresh block instead
-    CHECK(g.get() != p16);
-    CHECK(mem.allocs == 4);
+    DataPtr g = pool.allocate(4 * kKiB);
+    CHECK(g.get() == p4);
+    DataPtr h = pool.allocate(4 * kKiB), i = pool.allocate(4 * kKiB);  // two pieces of 16 KiB
+    CHECK(h.get() == p16);
+    CHECK(i.get() == p16 + 4 * kKiB);
+    CHECK(mem.allocs == 3);  // no fresh memory: every request was cut from the cache
+    CHECK(pool.stats().cache_hits == 6);
   }
+}
+
+TEST_CASE("BlockPool merges a freed block with free neighbours on both sides") {
+  FakeMemory mem;
+  BlockPool pool(kCPU, kMiB, mem.raw());
+  char* base = nullptr;
+  { base = static_cast<char*>(pool.allocate(12 * kKiB).get()); }
+  DataPtr a = pool.allocate(4 * kKiB), b = pool.allocate(4 * kKiB), c = pool.allocate(4 * kKiB);
+  CHECK(a.get() == base);
+  CHECK(b.get() == base + 4 * kKiB);
+  CHECK(c.get() == base + 8 * kKiB);
+  a.reset();
+  c.reset();
+  pool.empty_cache();  // the segment is not wholly free: nothing goes back
+  CHECK(mem.frees == 0);
+  b.reset();  // joins both neighbours: one block of 12 KiB again
+  DataPtr whole = pool.allocate(12 * kKiB);
+  CHECK(whole.get() == base);
+  whole.reset();
+  pool.empty_cache();
+  CHECK(mem.frees == 1);
+  CHECK(pool.stats().reserved == 0);
+}
+
+TEST_CASE("BlockPool keeps small requests out of large segments") {
+  FakeMemory mem;
+  BlockPool pool(kCPU, kMiB, mem.raw());
+  char* big = nullptr;
+  { big = static_cast<char*>(pool.allocate(4 * kMiB).get()); }
+  DataPtr small = pool.allocate(4 * kKiB);  // fresh memory, though 4 MiB are cached
+  CHECK(small.get() != big);
+  CHECK(mem.allocs == 2);
+  DataPtr large = pool.allocate(kMiB);  // large requests do split large blocks
+  CHECK(large.get() == big);
+  DataPtr rest = pool.allocate(3 * kMiB);
+  CHECK(rest.get() == big + kMiB);
+  CHECK(mem.allocs == 2);
+}
+
+TEST_CASE("BlockPool record_stream: a block used on another stream waits for its event") {
+  FakeMemory mem;
+  BlockPool::RawMemory raw = mem.raw();
+  std::set<const void*> recorded;  // events: the stream they were recorded on, done when erased
+  int events = 0;
+  raw.record_event = [&](const void* s) -> void* {
+    ++events;
+    recorded.insert(s);
+    return const_cast<void*>(s);
+  };
+  raw.event_done = [&](void* e) { return recorded.count(e) == 0; };
+  BlockPool pool(cuda(0), 2 * kMiB, raw);
+  int main_stream = 0, side = 0;
+  DataPtr a = pool.allocate(4096, &main_stream);
+  void* p = a.get();
+  pool.record_stream(static_cast<char*>(p) + 100, &side);  // any address inside the block
+  pool.record_stream(p, &main_stream);                     // its own stream: nothing to wait for
+  a.reset();
+  CHECK(events == 1);
+  CHECK(pool.stats().allocated == 0);
+  DataPtr b = pool.allocate(4096, &main_stream);  // the side stream has not finished
+  CHECK(b.get() != p);
+  recorded.clear();  // the side stream reached the event
+  DataPtr c = pool.allocate(4096, &main_stream);
+  CHECK(c.get() == p);
+  c.reset();
+  pool.record_stream(p, &side);  // freed: the pool no longer knows it as in use, ignored
+  { DataPtr d = pool.allocate(4096, &main_stream); }
+  CHECK(events == 1);
+
+  BlockPool host(kCPU, kMiB, mem.raw());  // no events: host memory has no streams
+  DataPtr h = host.allocate(64);
+  check_error_mentions([&] { host.record_stream(h.get(), &side); }, {"record_stream", "cpu"});
 }
 
 TEST_CASE("BlockPool hands a block freed under one stream only to the same stream") {

@@ -6,12 +6,14 @@
 // tests/tensor/ run every case on the GPU too when one is present.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "tensor/backend.h"
 #include "tensor/ops.h"
 #include "tests/skip.h"
+#include "tests/test_util.h"
 
 #if defined(DDPLAB_CUDA)
 #include "tensor/cuda/cuda_allocator.h"
@@ -110,6 +112,55 @@ TEST_CASE("pinned memory round trip with non_blocking copies") {
   ops::copy_(back, dev, /*non_blocking=*/true);
   gpu::current_stream(0).synchronize();
   CHECK(back.to_vector<float>() == values);
+}
+
+TEST_CASE("a pinned block freed while its async copy runs is not handed out before it finishes") {
+  DDP_SKIP_IF(!cuda_is_available(), "no GPU");
+  // 64 MiB: the copy takes milliseconds, long enough for the host to race it.
+  const int64_t n = int64_t{16} << 20;
+  Tensor dev;
+  {
+    Tensor host = ops::pin_memory(ops::full({n}, 3.0));
+    dev = ops::to(host, cuda(0), /*non_blocking=*/true);
+  }  // the host tensor is gone, its block back in the cache, the copy maybe still running
+  Tensor other = ops::pin_memory(ops::zeros({n}));  // must not get the block the copy reads
+  ops::fill_(other, -1.0);
+  gpu::current_stream(0).synchronize();
+  const std::vector<float> got = ops::to(dev, kCPU).to_vector<float>();
+  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 3.0f; }));
+}
+
+TEST_CASE("the caching allocator splits cached blocks and record_stream delays reuse") {
+  DDP_SKIP_IF(!cuda_is_available(), "no GPU");
+  Allocator& a = cuda_allocator(0);
+  a.empty_cache();
+  const AllocatorStats before = a.stats();
+  void* big = nullptr;
+  { big = a.allocate(size_t{8} << 20).get(); }
+  {
+    DataPtr p = a.allocate(size_t{2} << 20), q = a.allocate(size_t{6} << 20);  // both cut from it
+    CHECK(p.get() == big);
+    CHECK(static_cast<char*>(q.get()) == static_cast<char*>(big) + (size_t{2} << 20));
+    CHECK(a.stats().reserved == before.reserved + (int64_t{8} << 20));
+  }
+  a.empty_cache();  // merged back into one segment, so it can go
+  CHECK(a.stats().reserved == before.reserved);
+
+  gpu::Stream side = gpu::Stream::create(0);
+  a.empty_cache();  // no other cached block of this size may serve `u` below
+  Tensor t = ops::zeros({1024}, {kFloat32, cuda(0)});
+  void* block = t.raw_data();
+  gpu::record_stream(t, side);
+  {
+    gpu::StreamGuard guard(side);
+    ops::fill_(t, 1.0);  // queued on the side stream
+  }
+  t = Tensor();
+  side.synchronize();  // the side stream's work is done: the block may come back
+  Tensor u = ops::zeros({1024}, {kFloat32, cuda(0)});
+  CHECK(u.raw_data() == block);
+  testing::check_error_mentions([&] { gpu::record_stream(ops::zeros({1}), side); },
+                                {"record_stream"});
 }
 
 #endif  // DDPLAB_CUDA
