@@ -69,6 +69,7 @@ struct Config {
   std::string init_from, save, metrics;
   int num_workers = 2;
   int64_t subset = 0;
+  double collective_timeout = 0;  // seconds; 0: DDPLAB_COLLECTIVE_TIMEOUT, else 30 min
 };
 
 // --- data ------------------------------------------------------------------------------------
@@ -206,13 +207,14 @@ struct Distributed {
 
 // Under ddprun/torchrun (WORLD_SIZE > 1) this process is one rank of a DDP job: it joins the
 // process group, on its own GPU when training on CUDA. Alone, it changes nothing.
-Distributed setup_distributed(Device& device) {
+Distributed setup_distributed(Device& device, double collective_timeout_s) {
   const distributed::LaunchEnv env = distributed::launch_env_from_environment();
   Distributed d;
   if (env.world_size <= 1) return d;
   if (device.is_cuda()) device = cuda(env.local_rank);  // one GPU per rank
   distributed::InitOptions options;
   options.device = device;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000));
   d.pg = distributed::init_process_group(options);
   d.world = d.pg->size();
   d.main_rank = d.pg->rank() == 0;
@@ -311,15 +313,18 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
   app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
+  app.add_option("--collective-timeout", c.collective_timeout,
+                 "DDP: seconds a collective waits for the other ranks (default 1800)");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (c.threads > 0) set_num_threads(c.threads);
     Device device(c.device);
-    const Distributed dist = setup_distributed(device);  // DDP: join the job (alone: nothing)
-    const auto& pg = dist.pg;                            // DDP:
-    const int world = dist.world;                        // DDP:
-    const bool main_rank = dist.main_rank;               // DDP:
+    const Distributed dist =
+        setup_distributed(device, c.collective_timeout);  // DDP: join the job (alone: nothing)
+    const auto& pg = dist.pg;                             // DDP:
+    const int world = dist.world;                         // DDP:
+    const bool main_rank = dist.main_rank;                // DDP:
     manual_seed(c.seed);
 
     // Data.
