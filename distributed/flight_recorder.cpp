@@ -1,6 +1,7 @@
 // The flight recorder's ring buffer and its JSON-lines dump (see flight_recorder.h).
 #include "distributed/flight_recorder.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -31,6 +32,13 @@ std::string quoted(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+// A temporary name beside `path`, unique per call: the waiting thread and Gloo's worker may
+// report the same failure at the same moment, and must not write into one file.
+std::string temporary_name(const std::string& path) {
+  static std::atomic<uint64_t> calls{0};
+  return path + ".tmp" + std::to_string(calls++);
 }
 
 }  // namespace
@@ -140,7 +148,7 @@ std::string FlightRecorder::dump(const std::string& reason,
   if (dir.empty()) dir = "/tmp";
   const std::string path = dir + "/flight_" + group_ + "_rank" + std::to_string(rank_) + ".jsonl";
   // Written under another name and renamed, so a merge never reads half a dump.
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temporary_name(path);
   {
     std::ofstream f(tmp, std::ios::trunc);
     if (!f) return "";
@@ -169,7 +177,7 @@ bool write_hang_report(int rank, const std::string& collective, uint64_t seq,
                        const std::vector<int>& missing_ranks, const std::string& message) {
   const char* path = std::getenv("DDPLAB_ERROR_FILE");
   if (path == nullptr || *path == '\0') return false;
-  const std::string tmp = std::string(path) + ".tmp";
+  const std::string tmp = temporary_name(path);
   {
     std::ofstream f(tmp, std::ios::trunc);
     if (!f) return false;
