@@ -105,12 +105,38 @@ void check_one_per_rank(const ProcessGroup& pg, const char* collective, const ch
   }
 }
 
+// "8 x [2, 3]": the shape the flight recorder shows for a list of one tensor per rank.
+std::string list_sizes(size_t count, const Tensor& each) {
+  return std::to_string(count) + " x " + shape_str(each.shape());
+}
+
 }  // namespace
+
+void ProcessGroup::init_flight_recorder(const std::string& group_name) {
+  recorder_ = std::make_shared<FlightRecorder>(rank(), size(), backend_name(), group_name,
+                                               flight_recorder_size_from_environment());
+}
+
+std::shared_ptr<Work> ProcessGroup::issue(const char* op, const std::string& dtype,
+                                          const std::string& sizes,
+                                          const std::function<std::shared_ptr<Work>()>& launch) {
+  std::lock_guard<std::mutex> lock(issue_mu_);
+  if (!recorder_) return launch();
+  const uint64_t seq = sequence_number();
+  recorder_->issued(seq, op, dtype, sizes);
+  try {
+    return launch();
+  } catch (const std::exception& e) {
+    recorder_->finished(seq, e.what());
+    throw;
+  }
+}
 
 std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
   check_tensor(*this, "all_reduce", "the tensor", t);
   check_reducible(*this, "all_reduce", "the tensor", t);
-  return do_all_reduce(t, op);
+  return issue("all_reduce", dtype_name(t.dtype()), shape_str(t.shape()),
+               [&] { return do_all_reduce(t, op); });
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& t, int root) {
@@ -118,14 +144,16 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& t, int root) {
   DDP_CHECK(root >= 0 && root < size(), where(*this, "broadcast")
                                             << "root " << root << " is outside a group of size "
                                             << size());
-  return do_broadcast(t, root);
+  return issue("broadcast", dtype_name(t.dtype()), shape_str(t.shape()),
+               [&] { return do_broadcast(t, root); });
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs,
                                                const Tensor& input) {
   check_tensor(*this, "all_gather", "the input", input);
   check_one_per_rank(*this, "all_gather", "output", outputs, "the input", input);
-  return do_all_gather(outputs, input);
+  return issue("all_gather", dtype_name(input.dtype()), list_sizes(outputs.size(), input),
+               [&] { return do_all_gather(outputs, input); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
@@ -133,11 +161,12 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
   check_tensor(*this, "reduce_scatter", "the output", output);
   check_reducible(*this, "reduce_scatter", "the output", output);
   check_one_per_rank(*this, "reduce_scatter", "input", inputs, "the output", output);
-  return do_reduce_scatter(output, inputs, op);
+  return issue("reduce_scatter", dtype_name(output.dtype()), list_sizes(inputs.size(), output),
+               [&] { return do_reduce_scatter(output, inputs, op); });
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
-  return do_barrier();
+  return issue("barrier", "", "", [&] { return do_barrier(); });
 }
 
 }  // namespace ddplab::distributed

@@ -12,10 +12,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "distributed/flight_recorder.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 
@@ -27,7 +30,8 @@ namespace ddplab::distributed {
 enum class ReduceOp { Sum, Avg, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 
-// Default collective timeout: 30 minutes, as in PyTorch.
+// Default collective timeout: 30 minutes, as in PyTorch. init_process_group also reads
+// DDPLAB_COLLECTIVE_TIMEOUT (seconds); see init_process_group.h.
 constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{30 * 60 * 1000};
 
 // A running collective.
@@ -46,7 +50,8 @@ class Work {
 // The interface every backend implements. The public collectives are not virtual: each checks
 // its arguments here, once for all backends (so Gloo and NCCL reject a bad call with the same
 // message, naming the collective, this rank, and the dtype and shape of the offending tensor),
-// then calls the backend's do_* method. A rejected call uses no sequence number.
+// then calls the backend's do_* method. A rejected call uses no sequence number. The base also
+// records every collective in the group's flight recorder (flight_recorder.h).
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -77,7 +82,15 @@ class ProcessGroup {
   virtual uint64_t sequence_number() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
 
+  // This group's last collectives (null when the backend did not create a recorder).
+  std::shared_ptr<FlightRecorder> flight_recorder() const { return recorder_; }
+
  protected:
+  // Called by a backend's constructor once rank(), size() and backend_name() answer: creates
+  // the recorder (capacity from DDPLAB_FLIGHT_RECORDER_SIZE). The backend then reports
+  // started() and finished() of each sequence number; issuing is recorded here.
+  void init_flight_recorder(const std::string& group_name);
+
   // What a backend implements; called only with arguments the public methods have checked.
   virtual std::shared_ptr<Work> do_all_reduce(const Tensor& t, ReduceOp op) = 0;
   virtual std::shared_ptr<Work> do_broadcast(const Tensor& t, int root) = 0;
@@ -87,6 +100,16 @@ class ProcessGroup {
                                                   const std::vector<Tensor>& inputs,
                                                   ReduceOp op) = 0;
   virtual std::shared_ptr<Work> do_barrier() = 0;
+
+ private:
+  // Runs `launch` (a do_* call) and records it as issued under the sequence number it takes.
+  std::shared_ptr<Work> issue(const char* op, const std::string& dtype, const std::string& sizes,
+                              const std::function<std::shared_ptr<Work>()>& launch);
+
+  std::shared_ptr<FlightRecorder> recorder_;
+  // Held from reading sequence_number() until do_* took it, so the recorded seq is the real one
+  // even when two threads issue collectives (which every rank must then order the same way).
+  std::mutex issue_mu_;
 };
 
 }  // namespace ddplab::distributed

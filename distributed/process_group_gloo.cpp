@@ -22,11 +22,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
 #include <utility>
 
+#include "distributed/flight_recorder.h"
 #include "distributed/store/gloo_store_adapter.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
@@ -92,6 +94,7 @@ struct ProcessGroupGloo::State {
   std::shared_ptr<Store> monitor_store;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+  std::shared_ptr<FlightRecorder> recorder;  // the ProcessGroup base's; dumped on a failure
 
   std::mutex mu;
   std::condition_variable cv;  // signals queue, stop and thread-exit changes
@@ -110,8 +113,10 @@ struct ProcessGroupGloo::State {
   void publisher_loop();
   // The full error message of a failed or timed-out collective.
   std::string describe(const std::string& what, uint64_t seq, const std::string& cause);
-  // "rank 1 did not join all_reduce seq 3 (...)", from the peers' published counters.
-  std::string arrivals(const std::string& what, uint64_t seq);
+  // "rank 1 did not join all_reduce seq 3 (...)", from the peers' published counters, which it
+  // also returns in `peers` (rank -> collectives started); the late ranks go to `missing`.
+  std::string arrivals(const std::string& what, uint64_t seq, std::map<int, uint64_t>& peers,
+                       std::vector<int>& missing);
 };
 
 namespace {
@@ -176,6 +181,7 @@ void ProcessGroupGloo::State::worker_loop() {
       earlier_failure = broken;
     }
     started.store(task.seq + 1);
+    if (recorder) recorder->started(task.seq, task.name);
     std::string error;
     if (!earlier_failure.empty()) {
       // Gloo's pairs may hold half a message of the failed collective: running more would
@@ -192,6 +198,7 @@ void ProcessGroupGloo::State::worker_loop() {
         broken = error;
       }
     }
+    if (recorder) recorder->finished(task.seq, error);
     task.work->finish(std::move(error));
   }
   std::lock_guard<std::mutex> lock(mu);
@@ -224,7 +231,9 @@ void ProcessGroupGloo::State::publisher_loop() {
   cv.notify_all();
 }
 
-std::string ProcessGroupGloo::State::arrivals(const std::string& what, uint64_t seq) {
+std::string ProcessGroupGloo::State::arrivals(const std::string& what, uint64_t seq,
+                                              std::map<int, uint64_t>& peers,
+                                              std::vector<int>& missing_ranks) {
   if (size == 1) return "";
   // Let every peer's publisher run once more, so a rank that arrived just before the deadline
   // is not blamed.
@@ -236,13 +245,17 @@ std::string ProcessGroupGloo::State::arrivals(const std::string& what, uint64_t 
       if (r == rank) continue;
       const std::string key = "arrived/" + std::to_string(r);
       uint64_t s = monitor_store->check({key}) ? std::stoull(monitor_store->get_string(key)) : 0;
+      peers[r] = s;
       if (s > seq) continue;
+      missing_ranks.push_back(r);
       missing << (n_missing++ ? "; " : "") << "rank " << r << " did not join " << what << " seq "
               << seq;
+      // The counters are published at most every progress_interval, so they may lag by one
+      // interval: "reported", not "started".
       if (s == 0)
-        missing << " (it has started no collective of this group)";
+        missing << " (it has reported starting no collective of this group)";
       else
-        missing << " (its last started collective is seq " << s - 1 << ")";
+        missing << " (the last collective it reported starting is seq " << s - 1 << ")";
     }
   } catch (const std::exception& e) {
     return std::string("Which ranks arrived is unknown: the store did not answer (") + e.what() +
@@ -254,12 +267,23 @@ std::string ProcessGroupGloo::State::arrivals(const std::string& what, uint64_t 
 
 std::string ProcessGroupGloo::State::describe(const std::string& what, uint64_t seq,
                                               const std::string& cause) {
+  std::map<int, uint64_t> peers;
+  std::vector<int> missing;
+  const std::string who = arrivals(what, seq, peers, missing);
   std::ostringstream os;
   os << "ProcessGroupGloo '" << name << "': " << what << " (seq " << seq << ") failed on rank "
      << rank << " of a group of " << size << " ranks (timeout " << duration_str(timeout) << "). "
-     << arrivals(what, seq) << " Cause: " << cause
-     << ". The group cannot be used any more: let the error end the process (a non-zero exit "
+     << who << " Cause: " << cause << ".";
+  // The recorder's view of this rank, next to the counters of the others: the input of
+  // tools/flight_merge.py.
+  if (recorder) {
+    const std::string path =
+        recorder->dump(what + " seq " + std::to_string(seq) + ": " + cause, peers);
+    if (!path.empty()) os << " Flight recorder dump: " << path << ".";
+  }
+  os << " The group cannot be used any more: let the error end the process (a non-zero exit "
         "makes ddprun restart the job).";
+  write_hang_report(rank, what, seq, missing, os.str());
   return os.str();
 }
 
@@ -288,6 +312,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     monitor_base = std::make_shared<TCPStore>(tcp->host(), tcp->port(), false, tcp->timeout());
   st.store = std::make_shared<PrefixStore>(st.name, std::move(store));
   st.monitor_store = std::make_shared<PrefixStore>(st.name, std::move(monitor_base));
+  init_flight_recorder(st.name);
+  st.recorder = flight_recorder();
 
   GlooInterface itf = options.interface;
   if (itf.hostname.empty() && itf.iface.empty()) {

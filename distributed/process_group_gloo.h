@@ -12,8 +12,9 @@
 //  4. Diagnosis. A small publisher thread writes "<group>/arrived/<rank>" = how many collectives
 //     this rank's worker has started (at most every progress_interval, only when it changed).
 //     When a collective times out, the failing rank reads the peers' counters and names the
-//     ranks that never reached it. After a failure the group is broken: later collectives fail
-//     at once with the first error, because Gloo's pairs are in an unknown state.
+//     ranks that never reached it, dumps the group's flight recorder (flight_recorder.h) and
+//     writes the hang report a launcher reads. After a failure the group is broken: later
+//     collectives fail at once with the first error, because Gloo's pairs are in an unknown state.
 #pragma once
 
 #include <chrono>

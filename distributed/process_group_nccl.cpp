@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "distributed/flight_recorder.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/error.h"
@@ -75,15 +76,25 @@ struct ProcessGroupNCCL::State {
   std::string broken;  // set once the communicator was aborted
   // Unfinished collectives with their tensors (see the header, point 4).
   std::deque<std::shared_ptr<Work>> in_flight;  // NcclWork objects
+  // The ProcessGroup base's recorder: "started" when enqueued on the stream, "completed" when
+  // the end event passed.
+  std::shared_ptr<FlightRecorder> recorder;
 
   std::string describe(const std::string& what, uint64_t seq, const std::string& cause) const {
     std::ostringstream os;
     os << "ProcessGroupNCCL '" << name << "': " << what << " (seq " << seq << ") on rank " << rank
        << " of a group of " << size << " ranks (cuda:" << device << ") " << cause
-       << ". NCCL cannot tell which ranks did not arrive; look for the rank whose log stops "
-          "before seq "
-       << seq << ". The communicator was aborted: let the error end the process (a non-zero "
-       << "exit makes ddprun restart the job).";
+       << ". NCCL cannot tell which ranks did not arrive; merge the ranks' flight-recorder dumps "
+          "(tools/flight_merge.py) or look for the rank whose log stops before seq "
+       << seq << ".";
+    if (recorder) {
+      recorder->finished(seq, cause);
+      const std::string path = recorder->dump(what + " seq " + std::to_string(seq) + ": " + cause);
+      if (!path.empty()) os << " Flight recorder dump: " << path << ".";
+    }
+    os << " The communicator was aborted: let the error end the process (a non-zero exit makes "
+          "ddprun restart the job).";
+    write_hang_report(rank, what, seq, {}, os.str());
     return os.str();
   }
   void abort(const std::string& why) {
@@ -167,6 +178,7 @@ class NcclWork : public Work {
     if (done_) return true;
     if (!end_.query()) return false;
     done_ = true;
+    if (state_->recorder) state_->recorder->finished(seq_);
     tensors_.clear();
     return true;
   }
@@ -220,6 +232,8 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   DDP_NCCL_CHECK(ncclCommInitRank(&st.comm, size, id, rank));
   st.stream = gpu::Stream::create(options.device);
   DDP_CUDA_CHECK(cudaMalloc(&st.barrier_buf, sizeof(float)));
+  init_flight_recorder(st.name);
+  st.recorder = flight_recorder();
 }
 
 ProcessGroupNCCL::~ProcessGroupNCCL() {
@@ -275,6 +289,7 @@ std::shared_ptr<Work> launch(const std::shared_ptr<ProcessGroupNCCL::State>& sta
   ready.wait(st.stream);
   body(st.comm, static_cast<cudaStream_t>(st.stream.handle()));
   work->end().record(st.stream);
+  if (st.recorder) st.recorder->started(seq, what);
   st.in_flight.push_back(work);
   return work;
 }

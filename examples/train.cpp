@@ -80,6 +80,7 @@ struct Config {
   double grad_norm_warn = 10;      // 0: no warning
   bool sync_bn = false;
   bool grad_scaler = false;
+  double collective_timeout = 0;  // seconds; 0: DDPLAB_COLLECTIVE_TIMEOUT, else 30 min
 };
 
 // Checks the flags that CLI11 cannot check alone; returns an error message, empty when all is well.
@@ -95,6 +96,9 @@ std::string validate(const Config& c) {
   } else if (!(c.grad_norm_warn >= 0)) {
     err << "--grad-norm-warn must be >= 0 (got " << c.grad_norm_warn
         << "); 0 turns the warning off";
+  } else if (!(c.collective_timeout >= 0)) {
+    err << "--collective-timeout must be >= 0 seconds (got " << c.collective_timeout
+        << "); 0 takes DDPLAB_COLLECTIVE_TIMEOUT, else 30 minutes";
   }
   return err.str();
 }
@@ -234,13 +238,14 @@ struct Distributed {
 
 // Under ddprun/torchrun (WORLD_SIZE > 1) this process is one rank of a DDP job: it joins the
 // process group, on its own GPU when training on CUDA. Alone, it changes nothing.
-Distributed setup_distributed(Device& device) {
+Distributed setup_distributed(Device& device, double collective_timeout_s) {
   const distributed::LaunchEnv env = distributed::launch_env_from_environment();
   Distributed d;
   if (env.world_size <= 1) return d;
   if (device.is_cuda()) device = cuda(env.local_rank);  // one GPU per rank
   distributed::InitOptions options;
   options.device = device;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000));
   d.pg = distributed::init_process_group(options);
   d.world = d.pg->size();
   d.main_rank = d.pg->rank() == 0;
@@ -351,6 +356,8 @@ int main(int argc, char** argv) {
                "DDP: BatchNorm2d -> SyncBatchNorm (statistics over all ranks)");
   app.add_flag("--grad-scaler", c.grad_scaler,
                "dynamic loss scaling (GradScaler; overflowing steps are skipped)");
+  app.add_option("--collective-timeout", c.collective_timeout,
+                 "DDP: seconds a collective waits for the other ranks (default 1800)");
   CLI11_PARSE(app, argc, argv);
   if (const std::string err = validate(c); !err.empty()) {
     std::cerr << "error: " << err << "\n";
@@ -360,10 +367,11 @@ int main(int argc, char** argv) {
   try {
     if (c.threads > 0) set_num_threads(c.threads);
     Device device(c.device);
-    const Distributed dist = setup_distributed(device);  // DDP: join the job (alone: nothing)
-    const auto& pg = dist.pg;                            // DDP:
-    const int world = dist.world;                        // DDP:
-    const bool main_rank = dist.main_rank;               // DDP:
+    const Distributed dist =
+        setup_distributed(device, c.collective_timeout);  // DDP: join the job (alone: nothing)
+    const auto& pg = dist.pg;                             // DDP:
+    const int world = dist.world;                         // DDP:
+    const bool main_rank = dist.main_rank;                // DDP:
     manual_seed(c.seed);
 
     // Data.

@@ -9,6 +9,15 @@
 //                              the first one wins)
 //   round<N>/succeeded         counter of nodes whose workers all exited 0
 //   exited                     counter of agents done with the store; node 0 waits for it
+//
+// Hangs. A rank that stops making progress (deadlocked, stuck in I/O, SIGSTOPped) does not exit:
+// its peers' collectives time out and *they* exit, so the first failure names a rank that only
+// waited. Two signs point at the real culprit when a worker fails:
+//   - every worker gets DDPLAB_ERROR_FILE; a rank whose collective failed writes there which
+//     ranks never joined it (distributed/flight_recorder.h, write_hang_report);
+//   - a local worker still alive in state 'T' (stopped) in /proc/<pid>/stat.
+// The agent names those ranks first in the summary, SIGKILLs them at once (no grace: they will
+// not answer SIGTERM), and restarts the group as for any failure.
 #include "tools/launcher.h"
 
 #include <dirent.h>
@@ -18,9 +27,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include "distributed/store/store.h"
@@ -68,7 +80,16 @@ Ms seconds(double s) {
 class Agent {
  public:
   explicit Agent(const LaunchConfig& cfg)
-      : cfg_(cfg), prefix_("ddprun/" + cfg.run_id + "/"), group_(cfg.argv, cfg.log_dir) {}
+      : cfg_(cfg), prefix_("ddprun/" + cfg.run_id + "/"), group_(cfg.argv, cfg.log_dir) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddprun_XXXXXX";
+    if (::mkdtemp(tmpl.data()) != nullptr) report_dir_ = tmpl;
+  }
+  ~Agent() {
+    std::error_code ignored;
+    if (!report_dir_.empty()) std::filesystem::remove_all(report_dir_, ignored);
+  }
 
   int run() {
     connect();
@@ -176,6 +197,10 @@ class Agent {
       env["TORCHELASTIC_RESTART_COUNT"] = env["DDPLAB_RESTART_COUNT"] = std::to_string(round);
       env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(cfg_.max_restarts);
       env["TORCHELASTIC_RUN_ID"] = cfg_.run_id;
+      if (!report_dir_.empty()) env["DDPLAB_ERROR_FILE"] = report_file(round, rank);
+      // Flight-recorder dumps next to the logs, where one looks after a failure.
+      if (!cfg_.log_dir.empty() && !std::getenv("DDPLAB_FLIGHT_RECORDER_DIR"))
+        env["DDPLAB_FLIGHT_RECORDER_DIR"] = cfg_.log_dir;
       WorkerSpec spec;
       spec.rank = rank;
       for (auto& [k, v] : env) spec.env.push_back(k + "=" + v);
@@ -213,7 +238,10 @@ class Agent {
       }
       if (auto e = group_.first_failure()) {
         std::string where = cfg_.nnodes > 1 ? " on node " + std::to_string(cfg_.node_rank) : "";
-        f = publish(round, Failure{e->code, false, e->describe() + where});
+        std::string what = e->describe() + where;
+        std::string hung = find_hung_ranks(round);
+        if (!hung.empty()) what = hung + "; " + what + " after waiting for it";
+        f = publish(round, Failure{e->code, false, what});
         group_.stop(SIGTERM, seconds(cfg_.stop_grace_s));
         return false;
       }
@@ -228,6 +256,68 @@ class Agent {
       }
       if (reported && store_->add(key(round, "succeeded"), 0) == cfg_.nnodes) return true;
     }
+  }
+
+  std::string report_file(int round, int rank) const {
+    return report_dir_ + "/round" + std::to_string(round) + "_rank" + std::to_string(rank) +
+           ".json";
+  }
+
+  // Names (and kills) the ranks that hung, from the local workers' hang reports and the
+  // stopped workers (see the note at the top). "" when there is no sign of a hang.
+  std::string find_hung_ranks(int round) {
+    std::map<int, std::vector<std::string>> signs;  // hung rank -> why we think so
+    for (int local = 0; local < cfg_.nproc_per_node; ++local) {
+      const int reporter = cfg_.node_rank * cfg_.nproc_per_node + local;
+      std::ifstream f(report_file(round, reporter));
+      std::string report;
+      if (!f || !std::getline(f, report)) continue;
+      const std::string why = "rank " + std::to_string(reporter) + " timed out in " +
+                              json_string(report, "collective") + " seq " +
+                              json_raw(report, "seq") + " waiting for it";
+      for (int r : json_ints(report, "missing_ranks")) signs[r].push_back(why);
+    }
+    std::map<int, pid_t> pids;
+    for (const auto& w : group_.running()) {
+      pids[w.rank] = w.pid;
+      const char state = process_state(w.pid);
+      if (state == 'T' || state == 't') signs[w.rank].push_back("it is stopped (state T)");
+    }
+    std::ostringstream os;
+    for (const auto& [rank, why] : signs) {
+      os << (os.tellp() > 0 ? "; " : "") << "rank " << rank;
+      if (pids.count(rank)) os << " (pid " << pids[rank] << ")";
+      os << " hung: ";
+      for (size_t i = 0; i < why.size(); ++i) os << (i ? ", " : "") << why[i];
+      if (pids.count(rank)) {
+        group_.kill_rank(rank);
+        os << "; ddprun killed it";
+      }
+    }
+    return os.str();
+  }
+
+  // The few JSON reads a hang report needs (its writer is ours: one line, fixed keys).
+  static std::string json_raw(const std::string& line, const std::string& key) {
+    size_t at = line.find("\"" + key + "\": ");
+    if (at == std::string::npos) return "?";
+    at += key.size() + 4;
+    return line.substr(at, line.find_first_of(",}", at) - at);
+  }
+  static std::string json_string(const std::string& line, const std::string& key) {
+    std::string raw = json_raw(line, key);
+    return raw.size() >= 2 && raw.front() == '"' ? raw.substr(1, raw.size() - 2) : raw;
+  }
+  static std::vector<int> json_ints(const std::string& line, const std::string& key) {
+    std::vector<int> out;
+    size_t at = line.find("\"" + key + "\": [");
+    if (at == std::string::npos) return out;
+    std::istringstream list(
+        line.substr(at + key.size() + 5, line.find(']', at) - at - key.size() - 5));
+    std::string item;
+    while (std::getline(list, item, ','))
+      if (!item.empty()) out.push_back(std::atoi(item.c_str()));
+    return out;
   }
 
   // Node 0 hosts the store, so it waits (briefly) until the others have read the outcome.
@@ -248,6 +338,7 @@ class Agent {
   std::string prefix_;
   std::unique_ptr<TCPStore> store_;
   WorkerGroup group_;
+  std::string report_dir_;  // the workers' hang reports (DDPLAB_ERROR_FILE), removed at exit
 };
 
 }  // namespace

@@ -194,7 +194,10 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
     return false;
   };
   for (auto& w : workers_)
-    if (!w->exit) ::kill(-w->pid, sig);
+    if (!w->exit) {
+      ::kill(-w->pid, sig);
+      ::kill(-w->pid, SIGCONT);  // a stopped process keeps SIGTERM pending until continued
+    }
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (alive() && std::chrono::steady_clock::now() < deadline)
     poll(std::chrono::milliseconds(20));
@@ -211,6 +214,28 @@ void WorkerGroup::stop(int sig, std::chrono::milliseconds grace) {
       }
   // Forget the pids: they may be reused once reaped, and must never be signalled again.
   workers_.clear();
+}
+
+std::vector<WorkerGroup::Running> WorkerGroup::running() const {
+  std::vector<Running> out;
+  for (auto& w : workers_)
+    if (!w->exit) out.push_back({w->rank, w->pid});
+  return out;
+}
+
+void WorkerGroup::kill_rank(int rank) {
+  for (auto& w : workers_)
+    if (w->rank == rank && !w->exit) ::kill(-w->pid, SIGKILL);
+}
+
+char process_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  // "pid (comm) S ...": the command may itself hold ')' or spaces, so look after the last ')'.
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return '?';
+  return stat[close + 2];
 }
 
 }  // namespace ddplab::tools

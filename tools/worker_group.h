@@ -43,8 +43,18 @@ class WorkerGroup {
   std::optional<WorkerExit> first_failure() const { return first_failure_; }
   bool all_succeeded() const;
   // Sends `sig` to every worker's process group, waits up to `grace`, then SIGKILLs what is left
-  // and reaps everything. Afterwards the group is empty.
+  // and reaps everything. Afterwards the group is empty. A stopped worker (SIGSTOP, a debugger)
+  // is continued after `sig`, so that it can act on it.
   void stop(int sig, std::chrono::milliseconds grace);
+
+  // The workers still running, and their pids.
+  struct Running {
+    int rank = 0;
+    pid_t pid = 0;
+  };
+  std::vector<Running> running() const;
+  // SIGKILLs one worker's process group at once (a hung rank needs no grace period).
+  void kill_rank(int rank);
 
  private:
   struct Worker;
@@ -59,5 +69,9 @@ class WorkerGroup {
 
 // Resolves `program` through PATH the way execvp would; returns it unchanged when not found.
 std::string resolve_program(const std::string& program);
+
+// The state letter of a process from /proc/<pid>/stat: 'R' running, 'S' sleeping, 'T' stopped
+// (SIGSTOP), 't' stopped by a debugger, 'Z' zombie...; '?' when unknown.
+char process_state(pid_t pid);
 
 }  // namespace ddplab::tools

@@ -5,6 +5,10 @@
 //   sleep DIR            fork a child, write both pids to DIR/pids.RANK, sleep forever
 //   meet DIR             meet all WORLD_SIZE ranks through a TCPStore at MASTER_ADDR:MASTER_PORT
 //                        (rank 0 hosts it), write DIR/meet.RANK
+//   hang-first R DIR     join init_process_group (Gloo) and all-reduce 3 times; on restart 0
+//                        rank R stops itself (SIGSTOP) before the second, so the others time
+//                        out; on later restarts every rank finishes and writes DIR/done.RANK
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,7 +17,9 @@
 #include <string>
 #include <thread>
 
+#include "distributed/init_process_group.h"
 #include "distributed/store/store.h"
+#include "tensor/ops.h"
 
 namespace {
 
@@ -95,6 +101,21 @@ int meet(const std::string& dir) {
   return 0;
 }
 
+int hang_first(int hang_rank, const std::string& dir) {
+  using namespace ddplab;
+  auto pg = distributed::init_process_group();
+  const bool first_round = std::atoi(env("DDPLAB_RESTART_COUNT").c_str()) == 0;
+  Tensor t = ops::ones({16});
+  for (int i = 0; i < 3; ++i) {
+    if (i == 1 && first_round && pg->rank() == hang_rank) ::raise(SIGSTOP);
+    pg->all_reduce(t)->wait();
+  }
+  std::ofstream(dir + "/done." + env("RANK")) << t.to_vector<float>()[0] << "\n";
+  // Rank 0's group hosts the store: nobody leaves before every rank is done with it.
+  pg->barrier()->wait();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,6 +125,7 @@ int main(int argc, char** argv) {
     if (mode == "fail-first" && argc > 3) return fail_first(std::atoi(argv[2]), argv[3]);
     if (mode == "sleep" && argc > 2) return sleep_forever(argv[2]);
     if (mode == "meet" && argc > 2) return meet(argv[2]);
+    if (mode == "hang-first" && argc > 3) return hang_first(std::atoi(argv[2]), argv[3]);
   } catch (const std::exception& e) {
     std::cerr << "fake_worker: " << e.what() << std::endl;
     return 2;

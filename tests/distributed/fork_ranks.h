@@ -13,8 +13,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -121,5 +125,76 @@ inline void finish(std::unique_ptr<ProcessGroupGloo>& pg, Store& store) {
   store_sync(store, "finish", pg->rank(), pg->size());
   pg.reset();
 }
+
+// The whole text of a file ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A fresh temporary folder, removed at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/ddplab_test_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// Every variable launch_env_from_environment reads, for EnvGuard.
+inline const std::vector<std::string> kLaunchVars = {"RANK",
+                                                     "WORLD_SIZE",
+                                                     "LOCAL_RANK",
+                                                     "LOCAL_WORLD_SIZE",
+                                                     "MASTER_ADDR",
+                                                     "MASTER_PORT",
+                                                     "TORCHELASTIC_RESTART_COUNT",
+                                                     "OMPI_COMM_WORLD_RANK",
+                                                     "OMPI_COMM_WORLD_SIZE",
+                                                     "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                     "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                     "PMI_RANK",
+                                                     "PMI_SIZE",
+                                                     "MPI_LOCALRANKID",
+                                                     "MPI_LOCALNRANKS",
+                                                     "SLURM_PROCID",
+                                                     "SLURM_NTASKS",
+                                                     "SLURM_LOCALID",
+                                                     "SLURM_NTASKS_PER_NODE",
+                                                     "SLURM_TASKS_PER_NODE",
+                                                     "SLURM_NNODES",
+                                                     "SLURM_JOB_NUM_NODES",
+                                                     "DDPLAB_COLLECTIVE_TIMEOUT"};
+
+// What torchrun gives a worker of a one-machine job whose store is on 127.0.0.1:`port`.
+inline void set_torchrun_env(int rank, int world, int port) {
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+}
+
+// Clears the named variables for a test and restores their old values after it.
+struct EnvGuard {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  explicit EnvGuard(const std::vector<std::string>& names) {
+    for (const auto& n : names) {
+      const char* v = std::getenv(n.c_str());
+      saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
+      unsetenv(n.c_str());
+    }
+  }
+  ~EnvGuard() {
+    for (const auto& [n, v] : saved) {
+      if (v)
+        setenv(n.c_str(), v->c_str(), 1);
+      else
+        unsetenv(n.c_str());
+    }
+  }
+};
 
 }  // namespace ddplab::testing

@@ -436,10 +436,7 @@ TEST_CASE("gloo all_reduce timing, 2 ranks: 1M and 16M float32 (printed)") {
 TEST_CASE("init_process_group reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; rank 0 hosts") {
   const int master_port = net::pick_free_port("127.0.0.1");
   run_ranks(2, [master_port](int rank, int w, const std::shared_ptr<TCPStore>& store) {
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(w).c_str(), 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+    set_torchrun_env(rank, w, master_port);
     if (rank == 1) std::this_thread::sleep_for(300ms);  // let rank 1 connect first: it retries
     {
       InitOptions o;
@@ -471,41 +468,7 @@ TEST_CASE("init_process_group: a bad backend choice fails before any network") {
   CHECK_THROWS_WITH_AS(init_process_group(o), doctest::Contains("CPU tensors"), Error);
 }
 
-namespace {
-// Clears the named variables for a test and restores their old values after it.
-struct EnvGuard {
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-  explicit EnvGuard(const std::vector<std::string>& names) {
-    for (const auto& n : names) {
-      const char* v = std::getenv(n.c_str());
-      saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
-      unsetenv(n.c_str());
-    }
-  }
-  ~EnvGuard() {
-    for (const auto& [n, v] : saved) {
-      if (v)
-        setenv(n.c_str(), v->c_str(), 1);
-      else
-        unsetenv(n.c_str());
-    }
-  }
-};
-const std::vector<std::string> kLaunchVars = {"RANK",
-                                              "WORLD_SIZE",
-                                              "LOCAL_RANK",
-                                              "LOCAL_WORLD_SIZE",
-                                              "MASTER_ADDR",
-                                              "MASTER_PORT",
-                                              "TORCHELASTIC_RESTART_COUNT",
-                                              "SLURM_PROCID",
-                                              "SLURM_NTASKS",
-                                              "SLURM_LOCALID",
-                                              "SLURM_NTASKS_PER_NODE",
-                                              "SLURM_TASKS_PER_NODE",
-                                              "SLURM_NNODES",
-                                              "SLURM_JOB_NUM_NODES"};
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("launch_env_from_environment: torchrun/ddprun, Slurm, and nothing") {
   EnvGuard guard(kLaunchVars);

@@ -19,9 +19,12 @@
 #include <vector>
 
 #include "distributed/store/store_socket.h"
+#include "fork_ranks.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using ddplab::testing::read_file;
+using ddplab::testing::TempDir;
 
 namespace {
 
@@ -30,23 +33,6 @@ std::string need_env(const char* name) {
   REQUIRE_MESSAGE(v != nullptr, name << " is not set; run through meson test");
   return v;
 }
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// A fresh temporary folder, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/ddprun_test_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // A running ddprun whose stdout+stderr go to a file.
 struct Launch {
@@ -156,6 +142,33 @@ TEST_CASE("ddprun: a failed worker restarts the whole group when restarts remain
        {"rank 0 restart 0", "rank 1 restart 0", "rank 0 restart 1", "rank 1 restart 1"})
     CHECK_MESSAGE(attempts.find(line) != std::string::npos, line);
   CHECK(run.output().find("restarting all workers (restart 1/1)") != std::string::npos);
+}
+
+TEST_CASE("ddprun: a hung (stopped) rank is named, killed, and the group restarts") {
+  TempDir dir;
+  // The workers' collectives give up after 3 s (read by init_process_group).
+  setenv("DDPLAB_COLLECTIVE_TIMEOUT", "3", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  Launch run({"--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+              need_env("FAKE_WORKER"), "hang-first", "1", dir.path.string()},
+             dir.path / "out");
+  const int code = run.wait(40s);
+  unsetenv("DDPLAB_COLLECTIVE_TIMEOUT");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = run.output();
+  MESSAGE("hung-rank job with one restart took " << s << " s; output:\n" << out);
+  REQUIRE_MESSAGE(code == 0, out);
+  // The summary blames rank 1, which stopped, not rank 0, which waited for it.
+  CHECK_MESSAGE(out.find("ddprun: rank 1 (pid ") != std::string::npos, out);
+  CHECK_MESSAGE(
+      out.find("hung: rank 0 timed out in all_reduce seq 1 waiting for it") != std::string::npos,
+      out);
+  CHECK_MESSAGE(out.find("it is stopped (state T); ddprun killed it") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("rank 0 (pid ") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("restarting all workers (restart 1/1)") != std::string::npos, out);
+  CHECK(fs::exists(dir.path / "done.0"));
+  CHECK(fs::exists(dir.path / "done.1"));
+  CHECK(s < 30);
 }
 
 TEST_CASE("ddprun: with --max-restarts 0 a failure ends the job with a summary") {
