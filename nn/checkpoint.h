@@ -60,8 +60,8 @@ TrainingState load_checkpoint(const std::string& path);
 // Only rank 0 should write; every rank may read.
 class CheckpointManager {
  public:
-  // Checks that `dir` is a writable folder (creating it if missing) and removes the temporary
-  // files a crashed save left behind. keep: how many rolling checkpoints to keep (>= 1).
+  // Checks that `dir` is a writable folder (creating its last level if missing), removes the
+  // temporary files a crashed save left behind. keep: rolling checkpoints to keep (>= 1).
   explicit CheckpointManager(std::string dir, int keep = 3);
 
   const std::string& dir() const { return dir_; }
@@ -101,7 +101,8 @@ class CheckpointManager {
 // Checks for the train app to run before training starts, so a bad flag fails at once instead
 // of after an hour of training. `what` names the flag (e.g. "--checkpoint-dir").
 // check_output_dir: `path` exists (with `create`, its last component may be missing and is
-// created), is a folder, and a file can be created in it. check_output_file: its folder passes check_output_dir and `path` is not a folder.
+// created), is a folder, and a file can be created in it. check_output_file: its folder passes
+// check_output_dir and `path` is not a folder.
 void check_output_dir(const std::string& path, const std::string& what, bool create = false);
 void check_output_file(const std::string& path, const std::string& what);
 

@@ -8,6 +8,7 @@
 #include "nn/safetensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -236,18 +237,18 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path,
               w << "data_offsets [" << en.begin << ", " << en.end << "] has begin after end");
     DDP_CHECK(en.end <= buffer_size, w << "data_offsets [" << en.begin << ", " << en.end
                                        << "] run past the " << buffer_size << "-byte data buffer");
-    // The product of a crafted shape can overflow; any shape needing more bytes than the buffer
-    // holds is wrong anyway, so bound the running product by the buffer size.
+    // The product of a crafted shape can overflow 64 bits and wrap to the very byte count the
+    // offsets give; refuse the overflow before multiplying (a zero dimension makes it 0 anyway).
     size_t expect = element_size(en.dtype);
-    bool has_zero = std::find(en.shape.begin(), en.shape.end(), 0) != en.shape.end();
-    for (int64_t d : en.shape) {
-      if (has_zero) break;
-      DDP_CHECK(static_cast<uint64_t>(d) <= buffer_size / expect,
-                w << "shape " << shape_str(en.shape) << " needs more bytes than the " << buffer_size
-                  << "-byte data buffer holds");
-      expect *= static_cast<size_t>(d);
+    if (std::find(en.shape.begin(), en.shape.end(), 0) != en.shape.end()) {
+      expect = 0;
+    } else {
+      for (int64_t d : en.shape) {
+        DDP_CHECK(static_cast<uint64_t>(d) <= SIZE_MAX / expect,
+                  w << "shape " << shape_str(en.shape) << " overflows a 64-bit byte count");
+        expect *= static_cast<size_t>(d);
+      }
     }
-    if (has_zero) expect = 0;
     DDP_CHECK(en.end - en.begin == expect, w << "holds " << en.end - en.begin << " bytes but dtype "
                                              << dt << " and shape " << shape_str(en.shape)
                                              << " need " << expect);

@@ -418,6 +418,20 @@ TEST_CASE("safetensors: save is atomic, a failed save leaves the old file and no
   CHECK_FALSE(fs::exists(path + ".tmp"));
 }
 
+TEST_CASE("safetensors: a shape whose byte count overflows 64 bits is refused") {
+  TempDir dir;
+  // 4 * 2^32 * 2^32 bytes wraps to 0, the size the offsets give: without the check, the reader
+  // would accept it and allocate an impossible tensor.
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write_all(dir / "o.safetensors", bytes + header);
+  std::string err = error_of([&] { nn::load_safetensors(dir / "o.safetensors"); });
+  CHECK(contains(err, "overflows"));
+  CHECK(contains(err, dir / "o.safetensors"));
+}
+
 TEST_CASE("checkpoint reader fuzz: random and mutated files give ddplab::Error, never a crash") {
   TempDir dir;
   const std::string path = dir / "f.safetensors";
