@@ -176,13 +176,16 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path,
   for (int i = 0; i < 8; ++i)
     hlen |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   DDP_CHECK(hlen <= bytes.size() - 8, where << "header length " << hlen << " exceeds the "
-                                            << bytes.size() - 8 << " bytes after it (truncated?)");
+                                            << bytes.size() - 8 << " bytes after it: the file ends"
+                                            << " at offset " << bytes.size() << " (truncated?)");
   json header;
   try {
     header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(hlen));
   } catch (const json::parse_error& e) {
     DDP_FAIL(where << "header is not valid JSON (error at file offset " << 8 + e.byte - 1
                    << "): " << e.what());
+  } catch (const json::exception& e) {
+    DDP_FAIL(where << "header is not valid JSON: " << e.what());
   }
   DDP_CHECK(header.is_object(), where << "header is not a JSON object");
 

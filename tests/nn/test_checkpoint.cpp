@@ -165,7 +165,7 @@ size_t data_offset(const std::string& bytes, const std::string& key) {
 
 TEST_CASE("checkpoint: a resumed run continues bit for bit") {
   TempDir dir;
-  const int64_t k = 7, m = 9;  // k crosses no epoch end (24 / 5 -> 5 batches), k + m crosses two
+  const int64_t k = 7, m = 9;  // 5 batches an epoch: k stops mid-epoch 1, m crosses two ends
 
   Run straight(1);
   straight.train(k);
@@ -245,6 +245,7 @@ TEST_CASE("checkpoint: a truncated file or a flipped header byte names the file 
   err = error_of([&] { nn::load_checkpoint(path); });
   CHECK(contains(err, path));
   CHECK(contains(err, "truncated"));
+  CHECK(contains(err, "ends at offset 20"));
 
   // Byte 8 is the header's opening '{': flipping it breaks the JSON at file offset 8.
   std::string flipped = good;
