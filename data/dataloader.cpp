@@ -1,6 +1,8 @@
 // DataLoader: epoch plans, batch assembly, and the worker threads' ordered prefetch queue.
 #include "data/dataloader.h"
 
+#include <algorithm>
+
 #include "tensor/allocator.h"
 #include "tensor/ops.h"
 
@@ -71,15 +73,41 @@ void DataLoader::begin_epoch() {
   const auto n = static_cast<int64_t>(plan->indices.size());
   plan->num_batches =
       opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
+  int64_t first = 0;
+  if (resume_pending_ && resume_.epoch == epoch_) {
+    first = std::min(resume_.batches_yielded, plan->num_batches);
+    resume_pending_ = false;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++generation_;
     plan_ = std::move(plan);
     ready_.clear();
-    next_to_make_ = 0;
-    next_to_yield_ = 0;
+    next_to_make_ = first;
+    next_to_yield_ = first;
   }
   work_cv_.notify_all();
+}
+
+DataLoaderState DataLoader::state_dict() const {
+  // next_to_yield_ is written only by the consumer's thread, the one calling this.
+  if (resume_pending_) return resume_;
+  if (!plan_) return {epoch_, 0};
+  return {plan_->epoch, next_to_yield_};
+}
+
+void DataLoader::load_state_dict(const DataLoaderState& state) {
+  DDP_CHECK(state.epoch >= 0 && state.batches_yielded >= 0,
+            "DataLoader::load_state_dict: invalid position (epoch "
+                << state.epoch << ", batch " << state.batches_yielded << ")");
+  epoch_ = state.epoch;
+  resume_ = state;
+  resume_pending_ = true;
+  // Forget the epoch in progress, so the next next() begins the resumed one.
+  std::lock_guard<std::mutex> lock(mu_);
+  ++generation_;
+  plan_.reset();
+  ready_.clear();
 }
 
 DataLoader::Iterator DataLoader::begin() {

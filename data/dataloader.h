@@ -63,6 +63,14 @@ struct DataLoaderOptions {
   std::shared_ptr<const Sampler> sampler;  // overrides `shuffle` (e.g. a DistributedSampler)
 };
 
+// Where a loader stands within training (what a checkpoint records): the epoch and how many of
+// its batches next() has handed out. Samplers are pure functions of the epoch, so these two
+// numbers are the whole data position.
+struct DataLoaderState {
+  int64_t epoch = 0;
+  int64_t batches_yielded = 0;
+};
+
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
@@ -87,6 +95,12 @@ class DataLoader {
   }
   // The next batch of the current epoch, or nullopt at its end. Starts an epoch if none is.
   std::optional<Batch> next();
+
+  // The position to save (torchdata's StatefulDataLoader names). After load_state_dict, the next
+  // begin_epoch() of that epoch (e.g. the range-for) skips the batches already yielded, without
+  // building them; other epochs start at batch 0 as usual.
+  DataLoaderState state_dict() const;
+  void load_state_dict(const DataLoaderState& state);
 
   // Range-for support: `for (auto& batch : loader)` runs one epoch (begin() calls begin_epoch()).
   class Iterator {
@@ -127,6 +141,8 @@ class DataLoader {
   DataLoaderOptions opts_;
   std::shared_ptr<const Sampler> sampler_;
   int64_t epoch_ = 0;
+  DataLoaderState resume_;  // a loaded position, consumed by begin_epoch of resume_.epoch
+  bool resume_pending_ = false;
 
   // Shared with the workers, under mu_.
   std::mutex mu_;

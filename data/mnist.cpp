@@ -1,6 +1,7 @@
 // IDX reader and the MNIST / Fashion-MNIST datasets.
 #include "data/mnist.h"
 
+#include <cstdint>
 #include <cstdio>
 
 #include "data/file_io.h"
@@ -39,7 +40,13 @@ IdxArray read_idx(const std::string& path, int expected_ndim) {
   size_t count = 1;
   for (int d = 0; d < ndim; ++d) {
     out.dims.push_back(read_be32(bytes.data() + 4 + 4 * d));
-    count *= static_cast<size_t>(out.dims.back());
+    // A crafted header's sizes can multiply past 2^64 and wrap to a small count that the file
+    // size would then "confirm"; refuse the overflow before it happens.
+    const size_t dim = out.dims.back();
+    DDP_CHECK(dim == 0 || count <= (SIZE_MAX - header) / dim,
+              path << ": the header's dimensions overflow (dimension " << d << " = " << dim
+                   << " at offset " << 4 + 4 * d << "); the file is corrupt or not IDX");
+    count *= dim;
   }
   DDP_CHECK(bytes.size() >= header + count, path << ": truncated: the header promises " << count
                                                  << " data bytes from offset " << header

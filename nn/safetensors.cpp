@@ -8,11 +8,15 @@
 #include "nn/safetensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "tensor/ops.h"
 
@@ -96,38 +100,71 @@ void save_safetensors(const std::string& path,
   // implementation does); JSON parsers ignore trailing whitespace.
   while ((8 + hjson.size()) % 8 != 0) hjson.push_back(' ');
 
-  // Atomic write: a temporary file in the same directory, then rename over the target.
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    DDP_CHECK(out.good(), "save_safetensors: cannot open '"
-                              << tmp << "' for writing: " << std::strerror(errno));
-    uint64_t n = hjson.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(hjson.data(), static_cast<std::streamsize>(hjson.size()));
-    for (const Tensor& h : hosts) {
-      if (h.nbytes() == 0) continue;
-      out.write(static_cast<const char*>(h.raw_data()), static_cast<std::streamsize>(h.nbytes()));
-    }
-    out.flush();
-    bool ok = out.good();
-    out.close();
-    if (!ok) {
-      std::remove(tmp.c_str());
-      DDP_FAIL("save_safetensors: writing '" << tmp << "' failed (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    DDP_FAIL("save_safetensors: cannot rename '" << tmp << "' to '" << path
-                                                 << "': " << std::strerror(err));
-  }
+  std::vector<std::pair<const void*, size_t>> pieces;
+  uint64_t n = hjson.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  pieces.emplace_back(len, 8);
+  pieces.emplace_back(hjson.data(), hjson.size());
+  for (const Tensor& h : hosts) pieces.emplace_back(h.raw_data(), h.nbytes());
+  write_file_atomic(path, pieces);
 }
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path) {
+void write_file_atomic(const std::string& path,
+                       const std::vector<std::pair<const void*, size_t>>& pieces) {
+  // The steps that make a crash leave either the old file or the new one, never a mix:
+  // 1. write everything to `path.tmp` in the same directory (rename only works within a file
+  //    system), 2. fsync it, so its bytes are on disk before its name is, 3. rename it over
+  //    `path` (atomic in POSIX), 4. fsync the directory, so the rename itself survives a power
+  //    cut. Any failure removes the temporary file and leaves `path` as it was.
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](int fd, const std::string& what) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    DDP_FAIL("cannot write '" << path << "': " << what << ": " << std::strerror(err));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    DDP_FAIL("cannot write '" << path << "': cannot create '" << tmp
+                              << "': " << std::strerror(err));
+  }
+  for (const auto& [data, size] : pieces) {
+    const char* p = static_cast<const char*>(data);
+    size_t left = size;
+    while (left > 0) {  // write() may write less than asked (signals, pipes); loop until done
+      const ssize_t w = ::write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        if (w == 0) errno = ENOSPC;
+        fail(fd, "writing '" + tmp + "' failed");
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+  }
+  if (::fsync(fd) != 0) fail(fd, "fsync of '" + tmp + "' failed");
+  if (::close(fd) != 0) fail(-1, "closing '" + tmp + "' failed");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(-1, "renaming '" + tmp + "' failed");
+  fsync_parent_dir(path);
+}
+
+void fsync_parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DDP_CHECK(fd >= 0, "cannot open folder '" << dir << "' to fsync it: " << std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  DDP_CHECK(rc == 0, "fsync of folder '" << dir << "' failed: " << std::strerror(err));
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path,
+                                               std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
   DDP_CHECK(in.good(), "load_safetensors: cannot open '" << path << "': " << std::strerror(errno));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -139,10 +176,14 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
   for (int i = 0; i < 8; ++i)
     hlen |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   DDP_CHECK(hlen <= bytes.size() - 8, where << "header length " << hlen << " exceeds the "
-                                            << bytes.size() - 8 << " bytes after it (truncated?)");
+                                            << bytes.size() - 8 << " bytes after it: the file ends"
+                                            << " at offset " << bytes.size() << " (truncated?)");
   json header;
   try {
     header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(hlen));
+  } catch (const json::parse_error& e) {
+    DDP_FAIL(where << "header is not valid JSON (error at file offset " << 8 + e.byte - 1
+                   << "): " << e.what());
   } catch (const json::exception& e) {
     DDP_FAIL(where << "header is not valid JSON: " << e.what());
   }
@@ -162,6 +203,11 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
       DDP_CHECK(it->is_object(), where << "__metadata__ is not an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        DDP_CHECK(m->is_string(),
+                  where << "__metadata__ value of '" << m.key() << "' is not a string");
+        if (metadata) (*metadata)[m.key()] = m->get<std::string>();
+      }
       continue;
     }
     const json& e = *it;
@@ -179,12 +225,14 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
               w << "unknown dtype '" << dt << "' (known: F32 F64 F16 BF16 I64 I32 U8 BOOL)");
     for (const json& d : e["shape"]) {
       DDP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                w << "shape has a non-integer or negative dimension " << d.dump());
+                w << "shape has a non-integer or negative dimension "
+                  << (d.is_number() ? d.dump() : d.type_name()));
       en.shape.push_back(d.get<int64_t>());
     }
     for (const json& o : e["data_offsets"]) {
       DDP_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
-                w << "data_offsets has a non-integer or negative value " << o.dump());
+                w << "data_offsets has a non-integer or negative value "
+                  << (o.is_number() ? o.dump() : o.type_name()));
     }
     en.begin = e["data_offsets"][0].get<uint64_t>();
     en.end = e["data_offsets"][1].get<uint64_t>();
@@ -192,7 +240,18 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path) {
               w << "data_offsets [" << en.begin << ", " << en.end << "] has begin after end");
     DDP_CHECK(en.end <= buffer_size, w << "data_offsets [" << en.begin << ", " << en.end
                                        << "] run past the " << buffer_size << "-byte data buffer");
-    size_t expect = static_cast<size_t>(shape_numel(en.shape)) * element_size(en.dtype);
+    // The product of a crafted shape can overflow 64 bits and wrap to the very byte count the
+    // offsets give; refuse the overflow before multiplying (a zero dimension makes it 0 anyway).
+    size_t expect = element_size(en.dtype);
+    if (std::find(en.shape.begin(), en.shape.end(), 0) != en.shape.end()) {
+      expect = 0;
+    } else {
+      for (int64_t d : en.shape) {
+        DDP_CHECK(static_cast<uint64_t>(d) <= SIZE_MAX / expect,
+                  w << "shape " << shape_str(en.shape) << " overflows a 64-bit byte count");
+        expect *= static_cast<size_t>(d);
+      }
+    }
     DDP_CHECK(en.end - en.begin == expect, w << "holds " << en.end - en.begin << " bytes but dtype "
                                              << dt << " and shape " << shape_str(en.shape)
                                              << " need " << expect);

@@ -3,6 +3,7 @@
 // the raw little-endian bytes. PyTorch's `safetensors.torch.load_file` opens what we write.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,13 +13,24 @@
 
 namespace ddplab::nn {
 
-// Writes tensors (any device; copied to the host) in the order given. Atomic: writes a
-// temporary file and renames it over `path`, so a crash never leaves a half-written file.
+// Writes tensors (any device; copied to the host) in the order given, atomically (see
+// write_file_atomic): a crash leaves the old file or the new one, never a half-written one.
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
-// Loads every tensor onto the CPU. Errors name the file and what is wrong (short header, bad
-// JSON, offsets out of range, unknown dtype).
-std::map<std::string, Tensor> load_safetensors(const std::string& path);
+// Loads every tensor onto the CPU, and the `__metadata__` strings into `metadata` if given.
+// Errors name the file and what is wrong (short header, bad JSON and its offset, offsets out of
+// range, unknown dtype); no input, however crafted, reads out of bounds.
+std::map<std::string, Tensor> load_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+// Writes the concatenated byte ranges `pieces` to `path` so that a crash or a full disk never
+// leaves a partial file there: `path.tmp` is written and fsynced, renamed over `path`, and the
+// folder fsynced. On failure the temporary file is removed, `path` is untouched, and the error
+// names the path and the system's reason (errno text).
+void write_file_atomic(const std::string& path,
+                       const std::vector<std::pair<const void*, size_t>>& pieces);
+// fsyncs the folder holding `path`, so a rename or unlink in it is durable.
+void fsync_parent_dir(const std::string& path);
 
 }  // namespace ddplab::nn

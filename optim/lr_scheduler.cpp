@@ -33,6 +33,23 @@ void LRScheduler::apply(int64_t epoch) {
     groups[i].options["lr"] = lr_at(epoch, i, base_lrs_[i]);
 }
 
+nlohmann::json LRScheduler::state_dict() const {
+  return {{"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}};
+}
+
+void LRScheduler::load_state_dict(const nlohmann::json& state) {
+  DDP_CHECK(state.is_object() && state.contains("last_epoch") &&
+                state["last_epoch"].is_number_integer() && state.contains("base_lrs") &&
+                state["base_lrs"].is_array(),
+            "LRScheduler::load_state_dict: expected {\"last_epoch\": int, \"base_lrs\": [...]}");
+  auto base = state["base_lrs"].get<std::vector<double>>();
+  DDP_CHECK(base.size() == base_lrs_.size(), "LRScheduler::load_state_dict: state has "
+                                                 << base.size() << " base lrs, the optimizer has "
+                                                 << base_lrs_.size() << " param groups");
+  base_lrs_ = std::move(base);
+  set_last_epoch(state["last_epoch"].get<int64_t>());
+}
+
 std::vector<double> LRScheduler::get_last_lr() const {
   std::vector<double> out;
   for (const auto& g : optimizer_.param_groups()) out.push_back(g.get("lr"));

@@ -25,6 +25,11 @@ class LRScheduler {
   // Jumps to `epoch` (resuming from a checkpoint) and sets the lrs for it.
   void set_last_epoch(int64_t epoch);
   std::vector<double> get_last_lr() const;
+  // The position and base lrs, as PyTorch's scheduler state_dict; load_state_dict restores them
+  // and sets the optimizer's lrs for that position. The schedule's own parameters (step_size,
+  // T_max, ...) come from the constructor, as they do when PyTorch code resumes.
+  nlohmann::json state_dict() const;
+  void load_state_dict(const nlohmann::json& state);
   // The schedule itself: the lr of a group at step `epoch`, given its base lr.
   virtual double lr_at(int64_t epoch, size_t group, double base_lr) const = 0;
 

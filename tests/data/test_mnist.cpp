@@ -104,6 +104,18 @@ TEST_CASE("IDX errors name the file and what is wrong") {
     CHECK(contains(err, "3 images"));
     CHECK(contains(err, "2 labels"));
   }
+  SUBCASE("dimensions whose product overflows") {
+    // Four dimensions of 65536: the product is 2^64, which wraps to 0 in 64 bits and would
+    // "match" a file with no data at all.
+    std::vector<uint8_t> b;
+    put_be32(b, 0x804);
+    for (int d = 0; d < 4; ++d) put_be32(b, 65536);
+    write_bytes(dir / "x", b);
+    std::string err = error_of([&] { read_idx(dir / "x"); });
+    CHECK(contains(err, dir / "x"));
+    CHECK(contains(err, "overflow"));
+    CHECK(contains(err, "offset 16"));  // the dimension where it overflows
+  }
   SUBCASE("missing dataset: says how to get it") {
     std::string err = error_of([&] { FashionMNIST(dir / "nowhere", true); });
     CHECK(contains(err, "Fashion-MNIST not found"));

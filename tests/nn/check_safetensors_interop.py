@@ -10,26 +10,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-try:
-    import numpy as np
-    import st_io  # noqa: E402
-except ImportError as e:
-    # Exit status 77: meson counts the check as skipped, not passed, since nothing was compared.
-    print("skipped: %s is not importable by %s (Debian: python3-numpy)" % (e.name, sys.executable))
-    sys.exit(77)
+import check_util  # noqa: E402
 
-tool = sys.argv[1]
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
-
+np, st_io, checks = check_util.start()
+check, tool = checks.check, sys.argv[1]
 
 with tempfile.TemporaryDirectory() as d:
     a = os.path.join(d, "from_ddplab.safetensors")
@@ -73,5 +57,4 @@ with tempfile.TemporaryDirectory() as d:
     check(hq["bf16"]["dtype"] == "BF16", "bf16 dtype kept")
     check(hq["i64"]["dtype"] == "I64" and hq["b"]["dtype"] == "BOOL", "int/bool dtypes kept")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+checks.finish()
