@@ -1,4 +1,5 @@
 // 2-D convolution: conv2d (oneDNN for float32, im2col + GEMM otherwise) and conv2d_reference.
+// Under autocast (nn/autocast.h) the oneDNN convolution computes with bfloat16 operands.
 //
 // Three implementations of the same maths, kept side by side on purpose:
 //   * conv2d_reference: a selection matrix turns im2col into a matmul, so the whole convolution
@@ -14,6 +15,7 @@
 
 #include "autograd/function_node.h"
 #include "autograd/functions.h"
+#include "nn/autocast.h"
 #include "nn/functional_util.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
@@ -245,13 +247,18 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
 #endif
   // oneDNN serves float32; float64 (gradcheck) takes the im2col path.
   use_onednn = use_onednn && x_in.dtype() == kFloat32;
+  // Under autocast oneDNN rounds the float32 input, weight and (in backward) output gradient to
+  // bfloat16 for its products; outputs and gradients stay float32 (Note [Autocast]).
+  const onednn::Precision prec = amp::autocast_dtype_for(x_in) == kBFloat16
+                                     ? onednn::Precision::BFloat16
+                                     : onednn::Precision::Float32;
   // The kernels read plain row-major arrays: make the operands contiguous (a no-op usually).
   Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
   Tensor b = b_in.defined() ? ops::contiguous(b_in) : Tensor();
   Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
   if (use_onednn) {
     onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(),
-                           b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+                           b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), prec);
   } else {
     im2col_conv2d_forward(p, x, w, b, y);
   }
@@ -259,9 +266,13 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
   if (!autograd::needs_grad(inputs)) return y;
+  const char* name = !use_onednn                           ? "ConvolutionBackward(im2col)"
+                     : prec == onednn::Precision::BFloat16 ? "ConvolutionBackward(oneDNN bf16)"
+                                                           : "ConvolutionBackward(oneDNN)";
   return autograd::record(
-      use_onednn ? "ConvolutionBackward(oneDNN)" : "ConvolutionBackward(im2col)", y, inputs, {x, w},
-      [p, use_onednn](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
+      name, y, inputs, {x, w},
+      [p, use_onednn, prec](const Tensor& grad, const autograd::Saved& s,
+                            const autograd::Needs& needs) {
         const Tensor& x = s[0];
         const Tensor& w = s[1];
         Tensor gy = ops::contiguous(grad);
@@ -270,7 +281,7 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
           g[0] = ops::empty(x.shape(), x.options());
           if (use_onednn) {
             onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(),
-                                         g[0].data_ptr<float>());
+                                         g[0].data_ptr<float>(), prec);
           } else {
             im2col_conv2d_backward_data(p, gy, w, g[0]);
           }
@@ -282,7 +293,7 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
           if (use_onednn) {
             onednn::conv2d_backward_weights(p, x.data_ptr<float>(), gy.data_ptr<float>(),
                                             g[1].data_ptr<float>(),
-                                            want_bias ? g[2].data_ptr<float>() : nullptr);
+                                            want_bias ? g[2].data_ptr<float>() : nullptr, prec);
           } else {
             im2col_conv2d_backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
           }
