@@ -4,7 +4,10 @@
 // shared: only ratios measured in one run mean anything).
 //
 //   build/bench/bench_train [--model resnet20|cnn|...] [--batch 128] [--threads 1]
-//                           [--warmup 3] [--steps 10] [--profile]
+//                           [--warmup 3] [--steps 10] [--amp bf16] [--profile]
+//
+// --amp bf16 runs the forward and the loss under autocast (nn/autocast.h): convolutions and
+// linear layers in bfloat16, the rest float32.
 //
 // Prints one human-readable line and one `RESULT key=value ...` line (parsed by the driver):
 // median step time, images/s, and the medians of its forward (incl. loss), backward and
@@ -17,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_set>
@@ -26,6 +30,7 @@
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "models/models.h"
+#include "nn/autocast.h"
 #include "nn/functional.h"
 #include "optim/sgd.h"
 #include "tensor/ops.h"
@@ -176,6 +181,7 @@ struct Config {
   int warmup = 3;
   int steps = 10;
   bool profile = false;
+  std::string amp;  // "" (float32) or "bf16"
 };
 
 int run(const Config& c) {
@@ -190,10 +196,16 @@ int run(const Config& c) {
   Tensor y = ops::randint(0, 10, {c.batch});
 
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
-  auto plain_forward = [&](const Tensor& in) { return (*model)(in); };
+  DDP_CHECK(c.amp.empty() || c.amp == "bf16", "bench_train: --amp takes bf16, got " << c.amp);
+  // Forward and loss under autocast when asked (the guard is cheap: a thread-local flag).
+  auto forward_loss = [&](const Tensor& in) {
+    std::optional<amp::AutocastGuard> autocast;
+    if (!c.amp.empty()) autocast.emplace(kCPU, kBFloat16);
+    return F::cross_entropy((*model)(in), y);
+  };
   for (int i = 0; i < c.warmup + c.steps; ++i) {
     auto t0 = Clock::now();
-    Tensor loss = F::cross_entropy(plain_forward(x), y);
+    Tensor loss = forward_loss(x);
     auto t1 = Clock::now();
     loss.backward();
     auto t2 = Clock::now();
@@ -208,16 +220,17 @@ int run(const Config& c) {
   }
   const double ms = median(step_s) * 1e3;
   const double ips = static_cast<double>(c.batch) / median(step_s);
+  const std::string precision = c.amp.empty() ? "fp32" : c.amp;
   std::printf(
-      "ddplab %s batch %lld threads %d: step %.1f ms (median of %d; forward %.1f, backward "
+      "ddplab %s batch %lld threads %d %s: step %.1f ms (median of %d; forward %.1f, backward "
       "%.1f, optimizer %.1f), %.0f images/s\n",
-      c.model.c_str(), static_cast<long long>(c.batch), c.threads, ms, c.steps, median(fwd_s) * 1e3,
-      median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      c.model.c_str(), static_cast<long long>(c.batch), c.threads, precision.c_str(), ms, c.steps,
+      median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
   std::printf(
-      "RESULT impl=ddplab model=%s batch=%lld threads=%d step_ms=%.3f fwd_ms=%.3f "
+      "RESULT impl=ddplab model=%s batch=%lld threads=%d precision=%s step_ms=%.3f fwd_ms=%.3f "
       "bwd_ms=%.3f opt_ms=%.3f ips=%.1f\n",
-      c.model.c_str(), static_cast<long long>(c.batch), c.threads, ms, median(fwd_s) * 1e3,
-      median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      c.model.c_str(), static_cast<long long>(c.batch), c.threads, precision.c_str(), ms,
+      median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
 
   if (c.profile) {
     Breakdown fwd, bwd, opt_b;
@@ -225,8 +238,13 @@ int run(const Config& c) {
     BwdRecorder rec;
     for (int i = 0; i < c.steps; ++i) {
       FwdTimer timer{&fwd};
-      Tensor logits = walk ? walk(x, timer) : (*model)(x);
-      Tensor loss = timer("cross_entropy", [&] { return F::cross_entropy(logits, y); });
+      Tensor loss;
+      {
+        std::optional<amp::AutocastGuard> autocast;
+        if (!c.amp.empty()) autocast.emplace(kCPU, kBFloat16);
+        Tensor logits = walk ? walk(x, timer) : (*model)(x);
+        loss = timer("cross_entropy", [&] { return F::cross_entropy(logits, y); });
+      }
       rec.hook_graph(loss);
       loss.backward();
       rec.collect(Clock::now(), bwd);
@@ -265,12 +283,14 @@ int main(int argc, char** argv) {
       c.warmup = std::stoi(value());
     } else if (f == "--steps") {
       c.steps = std::stoi(value());
+    } else if (f == "--amp") {
+      c.amp = value();
     } else if (f == "--profile") {
       c.profile = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_train [--model resnet20|cnn|...] [--batch N] [--threads N] "
-                   "[--warmup N] [--steps N] [--profile]\n");
+                   "[--warmup N] [--steps N] [--amp bf16] [--profile]\n");
       return 2;
     }
   }
