@@ -36,6 +36,7 @@
 #include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
 #include "models/models.h"
+#include "nn/autocast.h"
 #include "nn/functional.h"
 #include "nn/module.h"
 #include "optim/lr_scheduler.h"
@@ -69,6 +70,7 @@ struct Config {
   std::string init_from, save, metrics;
   int num_workers = 2;
   int64_t subset = 0;
+  std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
 };
 
 // --- data ------------------------------------------------------------------------------------
@@ -311,11 +313,17 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
   app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
+  app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
+      ->check(CLI::IsMember({"bf16", "fp16"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (c.threads > 0) set_num_threads(c.threads);
     Device device(c.device);
+    // --amp: refuse a dtype this device cannot autocast to now, before any data is loaded.
+    std::optional<DType> amp_dtype;
+    if (!c.amp.empty()) amp_dtype = c.amp == "bf16" ? kBFloat16 : kFloat16;
+    if (amp_dtype) amp::check_autocast_supported(device, *amp_dtype);
     const Distributed dist = setup_distributed(device);  // DDP: join the job (alone: nothing)
     const auto& pg = dist.pg;                            // DDP:
     const int world = dist.world;                        // DDP:
@@ -390,8 +398,13 @@ int main(int argc, char** argv) {
       int64_t correct = 0, seen = 0, epoch_steps = 0;
       for (auto& batch : train_loader) {
         data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
-        Tensor logits = model(b.images);
-        Tensor loss = F::cross_entropy(logits, b.labels);
+        Tensor logits, loss;
+        {  // --amp: forward and loss under autocast; backward follows what they recorded
+          std::optional<amp::AutocastGuard> autocast;
+          if (amp_dtype) autocast.emplace(device, *amp_dtype);
+          logits = model(b.images);
+          loss = F::cross_entropy(logits, b.labels);
+        }
         loss.backward();  // under DDP this also averages the gradients over the ranks
         opt.step();
         opt.zero_grad();
