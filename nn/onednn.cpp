@@ -198,23 +198,10 @@ using Key = std::pair<Conv2dParams, Precision>;
 struct KeyHash {
   size_t operator()(const Key& key) const {
     const Conv2dParams& p = key.first;
-    const int64_t v[] = {p.n,
-                         p.c,
-                         p.h,
-                         p.w,
-                         p.o,
-                         p.kh,
-                         p.kw,
-                         p.stride_h,
-                         p.stride_w,
-                         p.pad_h,
-                         p.pad_w,
-                         p.dil_h,
-                         p.dil_w,
-                         p.groups,
-                         p.has_bias ? 1 : 0,
-                         static_cast<int64_t>(key.second)};
-    size_t h = 0;
+    const int64_t v[] = {p.n,     p.c,     p.h,        p.w,        p.o,
+                         p.kh,    p.kw,    p.stride_h, p.stride_w, p.pad_h,
+                         p.pad_w, p.dil_h, p.dil_w,    p.groups,   p.has_bias ? 1 : 0};
+    size_t h = static_cast<size_t>(key.second);
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
     return h;
   }

@@ -1,4 +1,4 @@
-// bfloat16 x bfloat16 -> float32 GEMM through oneDNN's matmul primitive (tensor/cpu/onednn_matmul.h).
+// bfloat16 x bfloat16 -> float32 GEMM through oneDNN's matmul primitive (onednn_matmul.h).
 //
 // oneDNN's C API has dnnl_sgemm for float32 but no public bfloat16 GEMM; its matmul primitive
 // takes any mix of types and strides. Our row-major matrices with leading dimensions (and the
