@@ -4,10 +4,12 @@
 // shared: only ratios measured in one run mean anything).
 //
 //   build/bench/bench_train [--model resnet20|cnn|...] [--batch 128] [--threads 1]
-//                           [--warmup 3] [--steps 10] [--device cpu|cuda] [--profile]
+//                           [--warmup 3] [--steps 10] [--device cpu|cuda] [--amp bf16] [--profile]
 //
 // On a GPU (--device cuda; scripts/gpu-check) the step ends with a synchronize, and so does each
 // timed part: the times are those of the GPU work, not of queueing it.
+// --amp bf16 runs the forward and the loss under autocast (nn/autocast.h): convolutions and
+// linear layers in bfloat16, the rest float32 (CPU only so far: on CUDA autocast says so).
 //
 // Prints one human-readable line and one `RESULT key=value ...` line (parsed by the driver):
 // median step time, images/s, and the medians of its forward (incl. loss), backward and
@@ -20,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_set>
@@ -29,6 +32,7 @@
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "models/models.h"
+#include "nn/autocast.h"
 #include "nn/functional.h"
 #include "optim/sgd.h"
 #include "tensor/backend.h"
@@ -181,6 +185,7 @@ struct Config {
   int steps = 10;
   bool profile = false;
   std::string device = "cpu";
+  std::string amp;  // "" (float32) or "bf16"
 };
 
 int run(const Config& c) {
@@ -198,10 +203,16 @@ int run(const Config& c) {
   Backend& backend = backend_for(device);  // synchronize(): a no-op on the CPU
 
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
-  auto plain_forward = [&](const Tensor& in) { return (*model)(in); };
+  DDP_CHECK(c.amp.empty() || c.amp == "bf16", "bench_train: --amp takes bf16, got " << c.amp);
+  // Forward and loss under autocast when asked (the guard is cheap: a thread-local flag).
+  auto forward_loss = [&](const Tensor& in) {
+    std::optional<amp::AutocastGuard> autocast;
+    if (!c.amp.empty()) autocast.emplace(device, kBFloat16);
+    return F::cross_entropy((*model)(in), y);
+  };
   for (int i = 0; i < c.warmup + c.steps; ++i) {
     auto t0 = Clock::now();
-    Tensor loss = F::cross_entropy(plain_forward(x), y);
+    Tensor loss = forward_loss(x);
     backend.synchronize();
     auto t1 = Clock::now();
     loss.backward();
@@ -219,16 +230,18 @@ int run(const Config& c) {
   }
   const double ms = median(step_s) * 1e3;
   const double ips = static_cast<double>(c.batch) / median(step_s);
+  const std::string precision = c.amp.empty() ? "fp32" : c.amp;
   std::printf(
-      "ddplab %s %s batch %lld threads %d: step %.1f ms (median of %d; forward %.1f, backward "
-      "%.1f, optimizer %.1f), %.0f images/s\n",
-      c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads, ms, c.steps,
-      median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      "ddplab %s %s batch %lld threads %d %s: step %.1f ms (median of %d; forward %.1f, "
+      "backward %.1f, optimizer %.1f), %.0f images/s\n",
+      c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads,
+      precision.c_str(), ms, c.steps, median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3,
+      ips);
   std::printf(
-      "RESULT impl=ddplab model=%s device=%s batch=%lld threads=%d step_ms=%.3f fwd_ms=%.3f "
-      "bwd_ms=%.3f opt_ms=%.3f ips=%.1f\n",
-      c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads, ms,
-      median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      "RESULT impl=ddplab model=%s device=%s batch=%lld threads=%d precision=%s step_ms=%.3f "
+      "fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f ips=%.1f\n",
+      c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads,
+      precision.c_str(), ms, median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
 
   if (c.profile) {
     Breakdown fwd, bwd, opt_b;
@@ -236,8 +249,13 @@ int run(const Config& c) {
     BwdRecorder rec;
     for (int i = 0; i < c.steps; ++i) {
       FwdTimer timer{&fwd};
-      Tensor logits = walk ? walk(x, timer) : (*model)(x);
-      Tensor loss = timer("cross_entropy", [&] { return F::cross_entropy(logits, y); });
+      Tensor loss;
+      {
+        std::optional<amp::AutocastGuard> autocast;
+        if (!c.amp.empty()) autocast.emplace(device, kBFloat16);
+        Tensor logits = walk ? walk(x, timer) : (*model)(x);
+        loss = timer("cross_entropy", [&] { return F::cross_entropy(logits, y); });
+      }
       rec.hook_graph(loss);
       loss.backward();
       rec.collect(Clock::now(), bwd);
@@ -278,12 +296,14 @@ int main(int argc, char** argv) {
       c.steps = std::stoi(value());
     } else if (f == "--device") {
       c.device = value();
+    } else if (f == "--amp") {
+      c.amp = value();
     } else if (f == "--profile") {
       c.profile = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_train [--model resnet20|cnn|...] [--batch N] [--threads N] "
-                   "[--warmup N] [--steps N] [--device cpu|cuda] [--profile]\n");
+                   "[--warmup N] [--steps N] [--device cpu|cuda] [--amp bf16] [--profile]\n");
       return 2;
     }
   }

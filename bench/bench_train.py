@@ -8,7 +8,9 @@ Single mode (the PyTorch counterpart of build/bench/bench_train):
 builds the same model as models/ (CIFAR ResNet-20 with 1x1-conv projection shortcuts, or the
 small CNN for 28x28x1 images), SGD (lr 0.01, momentum 0.9, weight decay 5e-4), random inputs and
 labels, and times warm-up + N steps of forward + cross_entropy + backward + step + zero_grad.
-It prints the same `RESULT key=value ...` line as the C++ program.
+It prints the same `RESULT key=value ...` line as the C++ program. --amp bf16 runs the forward
+and the loss under torch.autocast("cpu", dtype=torch.bfloat16), as bench_train --amp bf16 does
+under ddplab's AutocastGuard.
 
 Driver mode (what docs/benchmarks.md quotes):
 
@@ -17,7 +19,8 @@ Driver mode (what docs/benchmarks.md quotes):
 
 runs the programs interleaved (ddplab, torch, torch with tuned malloc, ddplab, torch, ...), each
 in a fresh process, `--rounds` times per configuration, and prints a table of medians and the
-ratios ddplab time / torch time. "torch+malloc" is PyTorch with glibc told to keep freed memory
+ratios ddplab time / torch time. A variant ending in "+bf16" (ddplab+bf16, torch+bf16,
+torch+malloc+bf16) runs with --amp bf16. "torch+malloc" is PyTorch with glibc told to keep freed memory
 (MALLOC_MMAP_MAX_=0, a large MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_): without it glibc hands
 large freed blocks back to the OS and PyTorch faults fresh pages in every step
 (/work/shared/toolchain.md), which ddplab's caching allocator avoids by design.
@@ -67,7 +70,7 @@ def run_torch(args):
     forward = torch.compile(model) if args.compile else model
     # On a GPU each timed part ends with a synchronize, as in bench_train.cpp.
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
     def step(times):
         t0 = time.perf_counter()
@@ -93,12 +96,13 @@ def run_torch(args):
     med = [statistics.median(t[i] for t in times) * 1e3 for i in range(4)]
     ips = args.batch / (med[0] / 1e3)
     impl = "torch" + ("+compile" if args.compile else "") + ("+amp" if args.amp else "")
+    precision = args.amp or "fp32"
     print(f"{impl} {torch.__version__} {args.model} {args.device} batch {args.batch} threads "
-          f"{args.threads}: step "
+          f"{args.threads} {precision}: step "
           f"{med[0]:.1f} ms (median of {args.steps}; forward {med[1]:.1f}, backward {med[2]:.1f}, "
           f"optimizer {med[3]:.1f}), {ips:.0f} images/s")
     print(f"RESULT impl={impl} model={args.model} device={args.device} batch={args.batch} "
-          f"threads={args.threads} "
+          f"threads={args.threads} precision={precision} "
           f"step_ms={med[0]:.3f} fwd_ms={med[1]:.3f} bwd_ms={med[2]:.3f} opt_ms={med[3]:.3f} "
           f"ips={ips:.1f}")
     if args.profile:
@@ -124,6 +128,9 @@ def run_one(variant, bin_path, model, batch, threads, warmup, steps):
               "--warmup", str(warmup), "--steps", str(steps)]
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
+    if variant.endswith("+bf16"):
+        common += ["--amp", "bf16"]
+        variant = variant[: -len("+bf16")]
     if variant.startswith("ddplab"):
         cmd = [bin_path] + common
     else:
@@ -177,9 +184,10 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--amp", default="", choices=["", "bf16"],
+                    help="bf16: forward and loss under torch.autocast (bfloat16)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table after timing")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu-check)")
-    ap.add_argument("--amp", action="store_true", help="autocast to bfloat16")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--driver", action="store_true", help="run ddplab and torch interleaved")
     ap.add_argument("--bin", default="build-bench/bench/bench_train", help="the ddplab program")
@@ -187,7 +195,8 @@ def main():
     ap.add_argument("--models", default="resnet20,cnn")
     ap.add_argument("--threads-list", default="1,2")
     ap.add_argument("--variants", default="ddplab,torch,torch+malloc",
-                    help="first is the numerator of the ratios; ddplab+malloc also exists")
+                    help="first is the numerator of the ratios; ddplab+malloc also exists; "
+                         "a +bf16 suffix adds --amp bf16")
     args = ap.parse_args()
     if args.driver:
         driver(args)

@@ -39,6 +39,7 @@
 #include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
 #include "models/models.h"
+#include "nn/autocast.h"
 #include "nn/functional.h"
 #include "nn/module.h"
 #include "nn/sync_batchnorm.h"
@@ -81,6 +82,7 @@ struct Config {
   bool sync_bn = false;
   bool grad_scaler = false;
   double collective_timeout = 0;  // seconds; 0: DDPLAB_COLLECTIVE_TIMEOUT, else 30 min
+  std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
 };
 
 // Checks the flags that CLI11 cannot check alone; returns an error message, empty when all is well.
@@ -358,6 +360,8 @@ int main(int argc, char** argv) {
                "dynamic loss scaling (GradScaler; overflowing steps are skipped)");
   app.add_option("--collective-timeout", c.collective_timeout,
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
+  app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
+      ->check(CLI::IsMember({"bf16", "fp16"}));
   CLI11_PARSE(app, argc, argv);
   if (const std::string err = validate(c); !err.empty()) {
     std::cerr << "error: " << err << "\n";
@@ -367,6 +371,10 @@ int main(int argc, char** argv) {
   try {
     if (c.threads > 0) set_num_threads(c.threads);
     Device device(c.device);
+    // --amp: refuse a dtype this device cannot autocast to now, before any data is loaded.
+    std::optional<DType> amp_dtype;
+    if (!c.amp.empty()) amp_dtype = c.amp == "bf16" ? kBFloat16 : kFloat16;
+    if (amp_dtype) amp::check_autocast_supported(device, *amp_dtype);
     const Distributed dist =
         setup_distributed(device, c.collective_timeout);  // DDP: join the job (alone: nothing)
     const auto& pg = dist.pg;                             // DDP:
@@ -450,7 +458,8 @@ int main(int argc, char** argv) {
     // Dynamic loss scaling; with a process group every rank skips the same overflowing steps
     // (Note [One scale on every rank], optim/grad_scaler.cpp). Disabled, it passes through.
     optim::GradScalerOptions scaler_options;
-    scaler_options.enabled = c.grad_scaler;
+    // float16 gradients underflow without it (bfloat16 has float32's range and needs none).
+    scaler_options.enabled = c.grad_scaler || c.amp == "fp16";
     optim::GradScaler scaler(scaler_options, pg);
     const std::vector<Tensor> params = model.parameters();
     double grad_norm = 0;
@@ -483,8 +492,12 @@ int main(int argc, char** argv) {
           // backward all-reduces the sum: one round of bucket all-reduces per optimizer step.
           std::optional<distributed::DDP::NoSyncGuard> no_sync;  // DDP:
           if (ddp && !steps_now) no_sync.emplace(*ddp);          // DDP:
-          logits = model(b.images);
-          loss = F::cross_entropy(logits, b.labels);
+          {  // --amp: forward and loss under autocast; backward follows what they recorded
+            std::optional<amp::AutocastGuard> autocast;
+            if (amp_dtype) autocast.emplace(device, *amp_dtype);
+            logits = model(b.images);
+            loss = F::cross_entropy(logits, b.labels);
+          }
           // Dividing by the group size makes the summed gradient the mean over the group.
           Tensor to_backward = group_size > 1 ? ddplab::div(loss, group_size) : loss;
           // Under DDP, the group's last backward also averages the gradients over the ranks.

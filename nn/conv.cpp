@@ -1,4 +1,5 @@
 // 2-D convolution: conv2d (oneDNN for float32, im2col + GEMM otherwise) and conv2d_reference.
+// Under autocast (nn/autocast.h) the oneDNN convolution computes with bfloat16 operands.
 //
 // Three implementations of the same maths, kept side by side on purpose:
 //   * conv2d_reference: a selection matrix turns im2col into a matmul, so the whole convolution
@@ -16,6 +17,7 @@
 
 #include "autograd/function_node.h"
 #include "autograd/functions.h"
+#include "nn/autocast.h"
 #include "nn/functional_util.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
@@ -240,36 +242,47 @@ void im2col_conv2d_backward_weights(const Conv2dParams& p, const Tensor& x, cons
 
 namespace {
 
-// The oneDNN kernels (nn/onednn.h) take raw float32 pointers.
+// The oneDNN kernels (nn/onednn.h) take raw float32 pointers; in bfloat16 precision they round
+// the operands to bfloat16 for the products and still read and write float32 (Note [Autocast]).
+template <onednn::Precision P>
 void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                     const Tensor& y) {
   onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null<float>(b),
-                         y.data_ptr<float>());
+                         y.data_ptr<float>(), P);
 }
 
+template <onednn::Precision P>
 void onednn_backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w,
                           const Tensor& gx) {
-  onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(), gx.data_ptr<float>());
+  onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(), gx.data_ptr<float>(),
+                               P);
 }
 
+template <onednn::Precision P>
 void onednn_backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy,
                              const Tensor& gw, const Tensor& gb) {
   onednn::conv2d_backward_weights(p, x.data_ptr<float>(), gy.data_ptr<float>(),
-                                  gw.data_ptr<float>(), ptr_or_null<float>(gb));
+                                  gw.data_ptr<float>(), ptr_or_null<float>(gb), P);
 }
 
-constexpr ConvKernels kOneDnnKernels{"ConvolutionBackward(oneDNN)", onednn_forward,
-                                     onednn_backward_data, onednn_backward_weights};
+constexpr auto kF32 = onednn::Precision::Float32;
+constexpr auto kBF16 = onednn::Precision::BFloat16;
+constexpr ConvKernels kOneDnnKernels{"ConvolutionBackward(oneDNN)", onednn_forward<kF32>,
+                                     onednn_backward_data<kF32>, onednn_backward_weights<kF32>};
+constexpr ConvKernels kOneDnnBf16Kernels{"ConvolutionBackward(oneDNN bf16)", onednn_forward<kBF16>,
+                                         onednn_backward_data<kBF16>,
+                                         onednn_backward_weights<kBF16>};
 constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2d_forward,
                                      im2col_conv2d_backward_data, im2col_conv2d_backward_weights};
 
-// cuDNN for CUDA tensors whichever CPU kernel was asked for; on the CPU oneDNN serves float32 and
-// im2col everything else (float64, for gradcheck).
+// cuDNN for CUDA tensors whichever CPU kernel was asked for; on the CPU oneDNN serves float32
+// (in bfloat16 under autocast) and im2col everything else (float64, for gradcheck).
 const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
 #if defined(DDPLAB_CUDA)
   if (x.is_cuda()) return cudnn::conv2d_kernels();
 #endif
-  return use_onednn && x.dtype() == kFloat32 ? kOneDnnKernels : kIm2colKernels;
+  if (!use_onednn || x.dtype() != kFloat32) return kIm2colKernels;
+  return amp::autocast_dtype_for(x) == kBFloat16 ? kOneDnnBf16Kernels : kOneDnnKernels;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "nn/functional.h"
 
 #include "autograd/function_node.h"
+#include "nn/autocast.h"
 #include "tensor/ops.h"
 
 namespace ddplab::nn::functional {
@@ -33,8 +34,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     DDP_CHECK(b.dtype() == x.dtype() && b.device() == x.device(),
               "linear: bias must have the input's dtype and device");
   }
-  Tensor x2 = ops::contiguous(ops::reshape(x, {-1, in}));
-  Tensor wc = ops::contiguous(w);
+  // Under autocast the float32 input and weight enter the GEMM as bfloat16 copies and the output
+  // stays float32 (Note [Autocast] in nn/autocast.h).
+  const DType operand_dtype = amp::autocast_dtype_for(x).value_or(x.dtype());
+  Tensor x2 = ops::contiguous(ops::to(ops::reshape(x, {-1, in}), operand_dtype));
+  Tensor wc = ops::contiguous(ops::to(w, operand_dtype));
   const int64_t rows = x2.size(0);
   Tensor y = ops::empty({rows, out}, x.options());
   if (b.defined()) {
@@ -55,15 +59,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                           [x_shape, in, out](const Tensor& grad, const autograd::Saved& s,
                                              const autograd::Needs& needs) {
                             Tensor g2 = ops::contiguous(ops::reshape(grad, {-1, out}));
+                            // The products read the gradient in the operands' dtype (bfloat16
+                            // under autocast) and write the output gradient's (float32).
+                            Tensor g2_op = ops::to(g2, s[0].dtype());
                             autograd::Grads g(needs.size());
                             if (needs[0]) {  // dx [rows, in] = g [rows, out] @ w [out, in]
                               Tensor gx = ops::empty({g2.size(0), in}, g2.options());
-                              ops::gemm_(gx, g2, s[1], false, false);
+                              ops::gemm_(gx, g2_op, s[1], false, false);
                               g[0] = ops::reshape(gx, x_shape);
                             }
                             if (needs[1]) {  // dw [out, in] = g^T [out, rows] @ x [rows, in]
                               g[1] = ops::empty({out, in}, g2.options());
-                              ops::gemm_(g[1], g2, s[0], true, false);
+                              ops::gemm_(g[1], g2_op, s[0], true, false);
                             }
                             if (needs.size() > 2 && needs[2]) g[2] = ops::sum(g2, {0});
                             return g;

@@ -6,6 +6,10 @@
 // out. The reorders for a shape are primitives too, and are cached with it. Reorder buffers come
 // from ddplab's caching host allocator, so a training step does not fault in fresh pages.
 //
+// Precision. In bfloat16 (autocast) the primitive's operands are bfloat16 while ours stay
+// float32: the reorder into the blocked layout converts them on the way (a reorder converts
+// types as it moves data), and outputs are float32, so they need no conversion back.
+//
 // Threads: Debian's oneDNN is built with OpenMP, so it runs on the same pool as every other CPU
 // kernel of ddplab (tensor/threads.h).
 #include "nn/onednn.h"
@@ -17,6 +21,7 @@
 #include <optional>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -111,6 +116,7 @@ memory::format_tag activation_tag() {
 
 struct ConvPrimitives {
   Conv2dParams p;
+  dt operand;  // what the products read: x, w and gy as the kernels see them
   memory::dims strides, dilates, pad_l, pad_r;
   memory::desc x_plain, w_plain, b_plain, y_plain;
 
@@ -124,7 +130,8 @@ struct ConvPrimitives {
   dnnl::convolution_backward_weights bwd_weights;
   Arg bw_x, bw_gy, bw_gw;
 
-  explicit ConvPrimitives(const Conv2dParams& params) : p(params) {
+  ConvPrimitives(const Conv2dParams& params, Precision prec)
+      : p(params), operand(prec == Precision::BFloat16 ? dt::bf16 : dt::f32) {
     const int64_t oh = p.out_h(), ow = p.out_w();
     strides = {p.stride_h, p.stride_w};
     dilates = {p.dil_h - 1, p.dil_w - 1};  // oneDNN counts the gaps: 0 means dense
@@ -143,9 +150,9 @@ struct ConvPrimitives {
     }
     b_plain = memory::desc({p.o}, dt::f32, tag::x);
 
-    memory::desc x_any({p.n, p.c, p.h, p.w}, dt::f32, activation_tag());
+    memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag());
     memory::desc y_any({p.n, p.o, oh, ow}, dt::f32, activation_tag());
-    memory::desc w_any(w_plain.dims(), dt::f32, tag::any);
+    memory::desc w_any(w_plain.dims(), operand, tag::any);
     memory::desc b_md = p.has_bias ? b_plain : memory::desc();
     dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training,
                                       dnnl::algorithm::convolution_direct, x_any, w_any, b_md,
@@ -159,8 +166,8 @@ struct ConvPrimitives {
 
   void build_backward_data() {
     memory::desc gx_any(x_plain.dims(), dt::f32, activation_tag());
-    memory::desc gy_any(y_plain.dims(), dt::f32, activation_tag());
-    memory::desc w_any(w_plain.dims(), dt::f32, tag::any);
+    memory::desc gy_any(y_plain.dims(), operand, activation_tag());
+    memory::desc w_any(w_plain.dims(), operand, tag::any);
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, gx_any, w_any,
                                             gy_any, strides, dilates, pad_l, pad_r);
     dnnl::convolution_backward_data::primitive_desc pd(d, engine(), fwd_pd);
@@ -171,8 +178,8 @@ struct ConvPrimitives {
   }
 
   void build_backward_weights() {
-    memory::desc x_any(x_plain.dims(), dt::f32, activation_tag());
-    memory::desc gy_any(y_plain.dims(), dt::f32, activation_tag());
+    memory::desc x_any(x_plain.dims(), operand, activation_tag());
+    memory::desc gy_any(y_plain.dims(), operand, activation_tag());
     memory::desc gw_any(w_plain.dims(), dt::f32, tag::any);
     memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
     dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, x_any, gw_any,
@@ -185,29 +192,33 @@ struct ConvPrimitives {
   }
 };
 
-struct ParamsHash {
-  size_t operator()(const Conv2dParams& p) const {
+// The cache key: a convolution and the precision it runs in.
+using Key = std::pair<Conv2dParams, Precision>;
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    const Conv2dParams& p = key.first;
     const int64_t v[] = {p.n,     p.c,     p.h,        p.w,        p.o,
                          p.kh,    p.kw,    p.stride_h, p.stride_w, p.pad_h,
                          p.pad_w, p.dil_h, p.dil_w,    p.groups,   p.has_bias ? 1 : 0};
-    size_t h = 0;
+    size_t h = static_cast<size_t>(key.second);
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
     return h;
   }
 };
 
 std::mutex cache_mutex;
-std::unordered_map<Conv2dParams, std::unique_ptr<ConvPrimitives>, ParamsHash> cache;
+std::unordered_map<Key, std::unique_ptr<ConvPrimitives>, KeyHash> cache;
 
-// The cached primitives of `p`, built on first use. Entries are never removed, so the reference
-// stays valid while other threads insert.
-ConvPrimitives& primitives_for(const Conv2dParams& p) {
+// The cached primitives of `p` in `prec`, built on first use. Entries are never removed, so the
+// reference stays valid while other threads insert.
+ConvPrimitives& primitives_for(const Conv2dParams& p, Precision prec) {
   std::lock_guard<std::mutex> lock(cache_mutex);
-  auto it = cache.find(p);
+  auto it = cache.find({p, prec});
   if (it != cache.end()) return *it->second;
-  auto made =
-      guarded(p, "forward primitive creation", [&] { return std::make_unique<ConvPrimitives>(p); });
-  return *cache.emplace(p, std::move(made)).first->second;
+  auto made = guarded(p, "forward primitive creation",
+                      [&] { return std::make_unique<ConvPrimitives>(p, prec); });
+  return *cache.emplace(Key{p, prec}, std::move(made)).first->second;
 }
 
 }  // namespace
@@ -227,9 +238,9 @@ std::string Conv2dParams::str() const {
   return os.str();
 }
 
-void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b,
-                    float* y) {
-  ConvPrimitives& cp = primitives_for(p);
+void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
+                    Precision prec) {
+  ConvPrimitives& cp = primitives_for(p, prec);
   guarded(p, "forward", [&] {
     Scratch s;
     memory xm = stage_input(cp.fwd_x, x, s);
@@ -246,8 +257,9 @@ void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const
   });
 }
 
-void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx) {
-  ConvPrimitives& cp = primitives_for(p);
+void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
+                          Precision prec) {
+  ConvPrimitives& cp = primitives_for(p, prec);
   guarded(p, "backward data", [&] {
     std::call_once(cp.bwd_data_once, [&] { cp.build_backward_data(); });
     Scratch s;
@@ -262,8 +274,8 @@ void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w
 }
 
 void conv2d_backward_weights(const Conv2dParams& p, const float* x, const float* gy, float* gw,
-                             float* gb) {
-  ConvPrimitives& cp = primitives_for(p);
+                             float* gb, Precision prec) {
+  ConvPrimitives& cp = primitives_for(p, prec);
   guarded(p, "backward weights", [&] {
     std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
     Scratch s;
@@ -293,8 +305,29 @@ size_t conv_cache_size() {
   return cache.size();
 }
 
-std::string conv_forward_impl_name(const Conv2dParams& p) {
-  return primitives_for(p).fwd_pd.impl_info_str();
+std::string conv_forward_impl_name(const Conv2dParams& p, Precision prec) {
+  return primitives_for(p, prec).fwd_pd.impl_info_str();
+}
+
+std::string cpu_isa_name() {
+  using isa = dnnl::cpu_isa;
+  const std::pair<isa, const char*> names[] = {{isa::sse41, "sse41"},
+                                               {isa::avx, "avx"},
+                                               {isa::avx2, "avx2"},
+                                               {isa::avx2_vnni, "avx2_vnni"},
+                                               {isa::avx512_core, "avx512_core"},
+                                               {isa::avx512_core_vnni, "avx512_core_vnni"},
+                                               {isa::avx512_core_bf16, "avx512_core_bf16"},
+                                               {isa::avx512_core_amx, "avx512_core_amx"}};
+  const isa current = dnnl::get_effective_cpu_isa();
+  for (const auto& [i, name] : names) {
+    if (i == current) return name;
+  }
+  return "other";
+}
+
+bool cpu_has_bf16_kernels() {
+  return cpu_isa_name().rfind("avx512_core", 0) == 0;  // the ISA values are masks, not an order
 }
 
 }  // namespace ddplab::nn::onednn

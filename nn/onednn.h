@@ -4,8 +4,9 @@
 // padding, memory layouts) and takes milliseconds, far longer than running it on CIFAR-sized
 // tensors. So each convolution shape gets its primitives (forward, backward data, backward
 // weights, and the reorders between our plain NCHW tensors and oneDNN's blocked layouts) built
-// once, on first use, and kept in a table keyed by the shape (Conv2dParams). This header keeps
-// dnnl.hpp out of the rest of ddplab: callers pass raw float pointers to contiguous NCHW data.
+// once, on first use, and kept in a table keyed by the shape (Conv2dParams) and the precision.
+// This header keeps dnnl.hpp out of the rest of ddplab: callers pass raw float pointers to
+// contiguous NCHW data.
 #pragma once
 
 #include <cstddef>
@@ -31,19 +32,36 @@ struct Conv2dParams {
   std::string str() const;  // for error messages
 };
 
+// What the products of a convolution read. Float32: everything float32. BFloat16 (autocast,
+// Note [Autocast] in nn/autocast.h): the operands of the products (input, weight, output
+// gradient) are rounded to bfloat16 on their way into the kernel, while oneDNN reorders them into
+// its blocked layout anyway, so the conversion costs no extra pass over memory; the kernel
+// accumulates in float32 and writes float32 (output, input, weight and bias gradients). The
+// caller's arrays are float32 either way.
+enum class Precision { Float32, BFloat16 };
+
 // y = conv(x, w) + b. All pointers address contiguous float32 NCHW / OIHW arrays; b may be null
 // when !has_bias.
-void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b,
-                    float* y);
+void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
+                    Precision prec = Precision::Float32);
 // gx = dL/dx from gy = dL/dy.
-void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx);
+void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
+                          Precision prec = Precision::Float32);
 // gw = dL/dw and (when gb is not null) gb = dL/db, overwritten (not accumulated).
 void conv2d_backward_weights(const Conv2dParams& p, const float* x, const float* gy, float* gw,
-                             float* gb);
+                             float* gb, Precision prec = Precision::Float32);
 
-// Number of distinct convolution shapes whose primitives are cached (for tests and curiosity).
+// Whether oneDNN runs bfloat16 convolutions and matmuls on this CPU: it needs AVX-512 (with
+// avx512_bf16 it has native bfloat16 dot-product instructions; on plain AVX-512 it converts in
+// registers).
+bool cpu_has_bf16_kernels();
+// oneDNN's name for the instruction set it dispatches to on this CPU (e.g. "avx512_core_bf16").
+std::string cpu_isa_name();
+
+// Number of distinct convolution shapes (and precisions) whose primitives are cached (for tests
+// and curiosity).
 size_t conv_cache_size();
 // oneDNN's name for the forward kernel it picked for `p` (e.g. "brg:avx512_core").
-std::string conv_forward_impl_name(const Conv2dParams& p);
+std::string conv_forward_impl_name(const Conv2dParams& p, Precision prec = Precision::Float32);
 
 }  // namespace ddplab::nn::onednn

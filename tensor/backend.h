@@ -26,7 +26,10 @@ enum class RowReduceOp { DDPLAB_REDUCE_OPS(DDPLAB_ENUM_ENTRY) };
 // Row-major GEMM on raw pointers: C = alpha * op(A) @ op(B) + beta * C, `batch` times.
 // op(A) is m x k: A is stored m x k (lda >= k), or k x m when trans_a (lda >= m).
 struct GemmArgs {
-  DType dtype = kFloat32;
+  DType dtype = kFloat32;  // of A, B and C
+  // Mixed precision: A and B are bfloat16 (dtype), C is float32 and the products accumulate in
+  // float32 (autocast's linear layers). The CPU backend only.
+  bool float32_c = false;
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   double alpha = 1, beta = 0;

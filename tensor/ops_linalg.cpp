@@ -67,12 +67,19 @@ void gemm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bo
             "gemm_: shapes " << shape_str(at.shape()) << " @ " << shape_str(bt.shape())
                              << " do not give " << shape_str(out.shape()));
   DType dt = gemm_dtype(promote_types(a.dtype(), b.dtype()));
+  // bfloat16 operands with a float32 result (autocast's linear, Note [Autocast] in
+  // nn/autocast.h): on the CPU one mixed-precision GEMM reads them as they are. Otherwise the
+  // operands are converted to the type the GEMM computes in.
+  const bool mixed = a.dtype() == kBFloat16 && b.dtype() == kBFloat16 && out.dtype() == kFloat32 &&
+                     out.device().is_cpu();
+  const DType operand_dt = mixed ? kBFloat16 : dt;
   bool direct = out.dtype() == dt && out.stride(1) == 1 && out.stride(0) >= std::max<int64_t>(n, 1);
   Tensor c =
       direct ? out : (beta == 0 ? empty({m, n}, {dt, out.device()}) : contiguous(to(out, dt)));
-  MatrixRef A = as_matrix(to(at, dt)), B = as_matrix(to(bt, dt));
-  GemmArgs g =
-      gemm_args(dt, A, B, m, n, k, c.raw_data(), direct ? out.stride(0) : std::max<int64_t>(n, 1));
+  MatrixRef A = as_matrix(to(at, operand_dt)), B = as_matrix(to(bt, operand_dt));
+  GemmArgs g = gemm_args(operand_dt, A, B, m, n, k, c.raw_data(),
+                         direct ? out.stride(0) : std::max<int64_t>(n, 1));
+  g.float32_c = mixed;
   g.alpha = alpha;
   g.beta = beta;
   if (m > 0 && n > 0) {

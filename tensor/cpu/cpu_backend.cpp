@@ -11,6 +11,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cpu/onednn_matmul.h"
 #include "tensor/functors.h"
 #include "tensor/random.h"
 
@@ -309,6 +310,10 @@ class CpuBackend final : public Backend {
         DDP_CHECK(st == dnnl_success, "oneDNN sgemm failed with status "
                                           << st << " (m=" << g.m << " n=" << g.n << " k=" << g.k
                                           << ")");
+      } else if (g.dtype == kBFloat16 && g.float32_c) {
+        gemm_bf16_f32(g, static_cast<const BFloat16*>(g.a) + i * g.stride_a,
+                      static_cast<const BFloat16*>(g.b) + i * g.stride_b,
+                      static_cast<float*>(g.c) + i * g.stride_c);
       } else if (g.dtype == kFloat64) {
         dgemm(g, static_cast<const double*>(g.a) + i * g.stride_a,
               static_cast<const double*>(g.b) + i * g.stride_b,

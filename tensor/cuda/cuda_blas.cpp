@@ -44,6 +44,9 @@ int to_int(int64_t v, const char* what) {
 }  // namespace
 
 void gemm(int device, const GemmArgs& g) {
+  DDP_CHECK(!g.float32_c,
+            "gemm on CUDA: the mixed-precision GEMM (16-bit A and B, float32 C) "
+            "is implemented on the CPU only");
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   cublasHandle_t h = cublas_handle(device);
   // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).

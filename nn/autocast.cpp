@@ -1,0 +1,68 @@
+// The thread-local autocast state and its checks (Note [Autocast] in nn/autocast.h).
+#include "nn/autocast.h"
+
+#include "nn/onednn.h"
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace ddplab::amp {
+
+namespace {
+
+// One slot per device type: autocast on the CPU and on CUDA are independent, as in PyTorch.
+// Thread-local like grad mode: a guard on one thread (say, a DataLoader worker) changes nothing
+// on another.
+thread_local std::optional<DType> state[2];
+
+std::optional<DType>& slot(DeviceType t) {
+  return state[t == DeviceType::CUDA ? 1 : 0];
+}
+
+}  // namespace
+
+void check_autocast_supported(Device device, DType dtype) {
+  DDP_CHECK(dtype == kBFloat16 || dtype == kFloat16,
+            "autocast: the dtype must be bfloat16 or float16, got " << dtype_name(dtype));
+  DDP_CHECK(device.is_cpu(),
+            "autocast on CUDA is not implemented yet (the cuDNN convolutions "
+            "run float32 and float64 only); train in float32 on CUDA, or "
+            "autocast to bfloat16 on the CPU");
+  DDP_CHECK(dtype == kBFloat16,
+            "autocast to float16 is not supported on the CPU: oneDNN's float16 kernels need "
+            "the AVX512-FP16 instructions (avx512_fp16: Intel Sapphire Rapids and newer), and "
+            "ddplab has no float16 CPU path; use bfloat16 (--amp bf16), which needs no loss "
+            "scaling either");
+  DDP_CHECK(nn::onednn::cpu_has_bf16_kernels(),
+            "autocast to bfloat16 on the CPU needs AVX-512 (oneDNN's bfloat16 kernels); this "
+            "CPU offers "
+                << nn::onednn::cpu_isa_name() << ". Train in float32 (no --amp)");
+}
+
+AutocastGuard::AutocastGuard(Device device, DType dtype, bool enabled)
+    : type_(device.type), prev_(slot(device.type)) {
+  if (enabled) {
+    check_autocast_supported(device, dtype);
+    slot(type_) = dtype;
+  } else {
+    slot(type_).reset();
+  }
+}
+
+AutocastGuard::~AutocastGuard() {
+  slot(type_) = prev_;
+}
+
+std::optional<DType> autocast_dtype(Device device) {
+  return slot(device.type);
+}
+
+bool is_autocast_enabled(Device device) {
+  return slot(device.type).has_value();
+}
+
+std::optional<DType> autocast_dtype_for(const Tensor& t) {
+  if (!t.defined() || t.dtype() != kFloat32) return std::nullopt;
+  return slot(t.device().type);
+}
+
+}  // namespace ddplab::amp
