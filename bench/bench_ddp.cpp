@@ -127,7 +127,8 @@ void bench_allreduce(int64_t iters, const std::shared_ptr<distributed::ProcessGr
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_ddp single|ddp|naive|syncbn|allreduce [--steps N] [--batch B]\n");
+    std::fprintf(stderr,
+                 "usage: bench_ddp single|ddp|naive|syncbn|allreduce [--steps N] [--batch B]\n");
     return 2;
   }
   const std::string mode = argv[1];

@@ -17,7 +17,7 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
-#if defined(DDPLAB_HAVE_OPENBLAS)
+#if defined(DDP_HAVE_OPENBLAS)
 #include <cblas.h>
 extern "C" void openblas_set_num_threads(int);
 #endif
@@ -58,7 +58,7 @@ void bench_sgemm(int64_t m, int64_t n, int64_t k, int threads, int reps) {
       [&] { ops::gemm_(c, a, b, false, false); },
       [&] { dnnl_sgemm('N', 'N', m, n, k, 1.f, pa, k, pb, n, 0.f, c2.data(), n); },
   };
-#if defined(DDPLAB_HAVE_OPENBLAS)
+#if defined(DDP_HAVE_OPENBLAS)
   openblas_set_num_threads(threads);
   fns.push_back([&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),

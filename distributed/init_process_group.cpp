@@ -15,7 +15,7 @@
 #include "distributed/process_group_gloo.h"
 #include "tensor/error.h"
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "distributed/process_group_nccl.h"
 #endif
 
@@ -238,7 +238,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
               "init_process_group: the gloo backend reduces CPU tensors, but the device is "
                   << options.device << "; use backend \"nccl\" (or \"auto\")");
   } else if (backend == "nccl") {
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
     DDP_CHECK(options.device.is_cuda(),
               "init_process_group: the nccl backend reduces CUDA tensors, but the device is "
                   << options.device << "; use backend \"gloo\" (or \"auto\")");
@@ -278,7 +278,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     return std::make_shared<ProcessGroupGloo>(store, rank, world, g);
   }
   if (backend == "nccl") {
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
     NcclOptions n;
     n.timeout = timeout;
     n.group_name = "default_pg";

@@ -1,4 +1,4 @@
-// ProcessGroupNCCL: the GPU process group (only in builds with DDPLAB_CUDA).
+// ProcessGroupNCCL: the GPU process group (only in builds with DDP_CUDA).
 //
 // How it works:
 //  1. Bootstrap: rank 0 calls ncclGetUniqueId and publishes the id in the store under

@@ -24,7 +24,7 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "nn/cudnn.h"
 #endif
 
@@ -212,7 +212,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   DDP_CHECK(x_in.dim() == 2 || x_in.dim() == 4 || x_in.dim() == 3,
             "batch_norm: expected input [N, C], [N, C, L] or [N, C, H, W], got shape "
                 << shape_str(x_in.shape()));
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_CHECK(!x_in.is_cuda(), "batch_norm: not implemented on CUDA yet; run it on the CPU");
 #endif
   DDP_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64,
@@ -238,7 +238,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
                   << shape_str(x_in.shape()));
   }
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (x_in.is_cuda()) {
     return cudnn::batch_norm(x_in, running_mean, running_var, weight_in, bias_in, weight, bias,
                              training, use_batch_stats, momentum, eps);

@@ -23,7 +23,7 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "nn/cudnn.h"
 #endif
 
@@ -70,7 +70,7 @@ Conv2dParams check_conv2d_args(const Tensor& x, const Tensor& w, const Tensor& b
                   << stride[0] << ", " << stride[1] << "], padding [" << padding[0] << ", "
                   << padding[1] << "], dilation [" << dilation[0] << ", " << dilation[1] << "]");
   }
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_CHECK(!x.is_cuda(),
             "conv2d: not implemented on CUDA yet (cuDNN convolution is pending); "
             "run the convolution on the CPU");
@@ -278,7 +278,7 @@ constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2
 // cuDNN for CUDA tensors whichever CPU kernel was asked for; on the CPU oneDNN serves float32
 // (in bfloat16 under autocast) and im2col everything else (float64, for gradcheck).
 const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (x.is_cuda()) return cudnn::conv2d_kernels();
 #endif
   if (!use_onednn || x.dtype() != kFloat32) return kIm2colKernels;

@@ -2,7 +2,7 @@
 //
 // Compiled only into CUDA builds (nn/meson.build adds nn/cudnn*.cpp to ddplab_cuda_sources); the
 // callers in nn/conv.cpp, nn/batchnorm_kernels.cpp and nn/pooling.cpp include this header under
-// `#if defined(DDPLAB_CUDA)` only.
+// `#if defined(DDP_CUDA)` only.
 //
 // This header stays light: it names cuDNN's opaque handle types by forward declaration (the same
 // typedefs cudnn.h makes, which C++ allows to repeat) and includes no cuDNN header, which costs

@@ -110,7 +110,7 @@ void cross_entropy_backward(const T* x, const int64_t* t, const double* lse, con
   }
 }
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 // The CUDA paths: the same maths composed from ops:: calls, which all run on CUDA (no kernels of
 // their own). Sums accumulate in the reduction kernels' precision rather than in double.
 
@@ -183,18 +183,18 @@ Tensor cross_entropy_cuda(const Tensor& logits, const Tensor& target, Reduction 
         return autograd::Grads{d};
       });
 }
-#endif  // DDPLAB_CUDA
+#endif  // DDP_CUDA
 
 }  // namespace
 
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
   DDP_CHECK(x_in.defined() && x_in.dim() >= 1,
             "log_softmax: expected a tensor with at least 1 dim");
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_CHECK(!x_in.is_cuda(), "log_softmax: not implemented on CUDA yet; run it on the CPU");
 #endif
   dim = wrap_dim(dim, x_in.dim(), "log_softmax");
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (x_in.is_cuda()) return log_softmax_cuda(x_in, dim);
 #endif
   Tensor x = ops::contiguous(x_in);
@@ -227,12 +227,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                                      << logits.size(0) << "])");
   DDP_CHECK(target.dtype() == kInt64, "cross_entropy: target must be int64 class indices, got "
                                           << dtype_name(target.dtype()));
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_CHECK(!logits.is_cuda(), "cross_entropy: not implemented on CUDA yet; run it on the CPU");
 #endif
   DDP_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
             "cross_entropy: label_smoothing must be in [0, 1], got " << label_smoothing);
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (logits.is_cuda()) return cross_entropy_cuda(logits, target, reduction, label_smoothing);
 #endif
   const int64_t rows = logits.size(0), c = logits.size(1);

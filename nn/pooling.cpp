@@ -20,7 +20,7 @@
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "nn/cudnn.h"
 #endif
 
@@ -37,7 +37,7 @@ PoolShape check_pool(const char* what, const Tensor& x, Pair kernel, Pair& strid
   DDP_CHECK(x.defined() && x.dim() == 4,
             what << ": expected a 4-D input [N, C, H, W], got shape "
                  << (x.defined() ? shape_str(x.shape()) : std::string("(undefined)")));
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_CHECK(!x.is_cuda(), what << ": not implemented on CUDA yet; run it on the CPU");
 #endif
   if (stride[0] == 0 && stride[1] == 0) stride = kernel;
@@ -206,7 +206,7 @@ Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, W
 
 Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
   PoolShape s = check_pool("max_pool2d", x_in, kernel, stride, padding);
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (x_in.is_cuda()) {
     return cudnn::pool2d(cudnn::PoolMode::Max, "max_pool2d", x_in, kernel, stride, padding, s.oh,
                          s.ow);
@@ -234,7 +234,7 @@ Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
 
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding) {
   PoolShape s = check_pool("avg_pool2d", x, kernel, stride, padding);
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (x.is_cuda()) {
     return cudnn::pool2d(cudnn::PoolMode::AvgIncludePadding, "avg_pool2d", x, kernel, stride,
                          padding, s.oh, s.ow);
@@ -247,7 +247,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
   DDP_CHECK(x.defined() && x.dim() == 4,
             "adaptive_avg_pool2d: expected a 4-D input [N, C, H, W], got shape "
                 << (x.defined() ? shape_str(x.shape()) : std::string("(undefined)")));
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_CHECK(!x.is_cuda(), "adaptive_avg_pool2d: not implemented on CUDA yet; run it on the CPU");
 #endif
   DDP_CHECK(output_size[0] >= 1 && output_size[1] >= 1,
@@ -256,7 +256,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
   PoolShape s{x.size(0) * x.size(1), x.size(2), x.size(3), output_size[0], output_size[1]};
   DDP_CHECK(s.h >= 1 && s.w >= 1,
             "adaptive_avg_pool2d: input " << shape_str(x.shape()) << " has an empty plane");
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   if (x.is_cuda()) {
     // Output sizes dividing the input make every adaptive window [i*k, (i+1)*k): a plain average
     // pool with kernel = stride = k. Other sizes have overlapping, uneven windows.

@@ -38,7 +38,7 @@ Allocator& cpu_allocator() {
   return *a;
 }
 
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
 DataPtr allocate_pinned(size_t nbytes) {
   return cpu_allocator().allocate(nbytes);
 }

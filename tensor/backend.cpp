@@ -3,7 +3,7 @@
 
 #include <array>
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "tensor/cuda/cuda_allocator.h"
 #include "tensor/cuda/cuda_backend.h"
 #endif
@@ -20,7 +20,7 @@ void Backend::copy_across_devices(const Tensor& dst, const Tensor& src, bool /*n
 
 Backend& backend_for(Device d) {
   if (d.is_cpu()) return cpu::cpu_backend();
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   return cuda_backend(d.index);
 #else
   DDP_FAIL(
@@ -31,7 +31,7 @@ Backend& backend_for(Device d) {
 
 Allocator& allocator_for(Device d) {
   if (d.is_cpu()) return cpu_allocator();
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
   return cuda_allocator(d.index);
 #else
   DDP_FAIL(
@@ -40,7 +40,7 @@ Allocator& allocator_for(Device d) {
 #endif
 }
 
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
 bool cuda_is_available() {
   return false;
 }

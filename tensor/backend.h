@@ -15,13 +15,13 @@
 
 namespace ddplab {
 
-#define DDPLAB_ENUM_ENTRY(name, functor) name,
-enum class UnaryOp { DDPLAB_UNARY_OPS(DDPLAB_ENUM_ENTRY) };
-enum class BinaryOp { DDPLAB_BINARY_OPS(DDPLAB_ENUM_ENTRY) };
+#define DDP_ENUM_ENTRY(name, functor) name,
+enum class UnaryOp { DDP_UNARY_OPS(DDP_ENUM_ENTRY) };
+enum class BinaryOp { DDP_BINARY_OPS(DDP_ENUM_ENTRY) };
 // Each row of a [rows, cols] view reduced to one value. (Not "ReduceOp": that name belongs to
 // the collectives, distributed::ReduceOp, as in PyTorch.)
-enum class RowReduceOp { DDPLAB_REDUCE_OPS(DDPLAB_ENUM_ENTRY) };
-#undef DDPLAB_ENUM_ENTRY
+enum class RowReduceOp { DDP_REDUCE_OPS(DDP_ENUM_ENTRY) };
+#undef DDP_ENUM_ENTRY
 
 // Row-major GEMM on raw pointers: C = alpha * op(A) @ op(B) + beta * C, `batch` times.
 // op(A) is m x k: A is stored m x k (lda >= k), or k x m when trans_a (lda >= m).

@@ -16,7 +16,7 @@
 #pragma once
 
 // Unary ops: out = f(x; a, b), with a and b op parameters (clamp bounds, a scalar operand).
-#define DDPLAB_UNARY_OPS(X)   \
+#define DDP_UNARY_OPS(X)      \
   X(Neg, NegOp)               \
   X(Abs, AbsOp)               \
   X(Exp, ExpOp)               \
@@ -44,7 +44,7 @@
   X(IsFinite, IsFiniteOp)
 
 // Binary ops: out = f(x, y; alpha).
-#define DDPLAB_BINARY_OPS(X)            \
+#define DDP_BINARY_OPS(X)               \
   X(Add, AddOp)                         \
   X(Sub, SubOp)                         \
   X(Mul, MulOp)                         \
@@ -64,7 +64,7 @@
   X(TanhBackward, TanhBackwardOp)
 
 // Reductions over the last axis of a [rows, cols] view.
-#define DDPLAB_REDUCE_OPS(X) \
-  X(Sum, SumReduce)          \
-  X(Max, MaxReduce)          \
+#define DDP_REDUCE_OPS(X) \
+  X(Sum, SumReduce)       \
+  X(Max, MaxReduce)       \
   X(Min, MinReduce)

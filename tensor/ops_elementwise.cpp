@@ -11,12 +11,12 @@ namespace {
 #define DDP_FLOAT_ONLY(name, functor) functors::functor::kFloatOnly,
 #define DDP_PREDICATE(name, functor) functors::functor::kPredicate,
 #define DDP_NAME(name, functor) #name,
-constexpr bool kUnaryFloatOnly[] = {DDPLAB_UNARY_OPS(DDP_FLOAT_ONLY)};
-constexpr bool kUnaryPredicate[] = {DDPLAB_UNARY_OPS(DDP_PREDICATE)};
-constexpr const char* kUnaryName[] = {DDPLAB_UNARY_OPS(DDP_NAME)};
-constexpr bool kBinaryFloatOnly[] = {DDPLAB_BINARY_OPS(DDP_FLOAT_ONLY)};
-constexpr bool kBinaryPredicate[] = {DDPLAB_BINARY_OPS(DDP_PREDICATE)};
-constexpr const char* kBinaryName[] = {DDPLAB_BINARY_OPS(DDP_NAME)};
+constexpr bool kUnaryFloatOnly[] = {DDP_UNARY_OPS(DDP_FLOAT_ONLY)};
+constexpr bool kUnaryPredicate[] = {DDP_UNARY_OPS(DDP_PREDICATE)};
+constexpr const char* kUnaryName[] = {DDP_UNARY_OPS(DDP_NAME)};
+constexpr bool kBinaryFloatOnly[] = {DDP_BINARY_OPS(DDP_FLOAT_ONLY)};
+constexpr bool kBinaryPredicate[] = {DDP_BINARY_OPS(DDP_PREDICATE)};
+constexpr const char* kBinaryName[] = {DDP_BINARY_OPS(DDP_NAME)};
 #undef DDP_FLOAT_ONLY
 #undef DDP_PREDICATE
 #undef DDP_NAME

@@ -230,7 +230,7 @@ class CpuBackend final : public Backend {
                            (unary_loop<scalar_t, functors::functor>(out, in, a, b)));  \
     }                                                                                  \
     break;
-      DDPLAB_UNARY_OPS(DDP_UNARY_CASE)
+      DDP_UNARY_OPS(DDP_UNARY_CASE)
 #undef DDP_UNARY_CASE
     }
   }
@@ -248,7 +248,7 @@ class CpuBackend final : public Backend {
                            (binary_loop<scalar_t, functors::functor>(out, x, y, alpha, beta)));  \
     }                                                                                            \
     break;
-      DDPLAB_BINARY_OPS(DDP_BINARY_CASE)
+      DDP_BINARY_OPS(DDP_BINARY_CASE)
 #undef DDP_BINARY_CASE
     }
   }
@@ -287,7 +287,7 @@ class CpuBackend final : public Backend {
     DDP_DISPATCH_ALL(in.dtype(), #name,                                                \
                      (reduce_loop<scalar_t, functors::functor>(out, in, rows, cols))); \
     break;
-      DDPLAB_REDUCE_OPS(DDP_REDUCE_CASE)
+      DDP_REDUCE_OPS(DDP_REDUCE_CASE)
 #undef DDP_REDUCE_CASE
     }
   }

@@ -156,7 +156,7 @@ void unary(int device, UnaryOp op, const Tensor& out, const Tensor& in, double a
   case UnaryOp::name:                                   \
     unary_op<functors::functor>(device, out, in, a, b); \
     return;
-    DDPLAB_UNARY_OPS(DDP_UNARY_CASE)
+    DDP_UNARY_OPS(DDP_UNARY_CASE)
 #undef DDP_UNARY_CASE
   }
   DDP_FAIL("unary: unknown op " << static_cast<int>(op));
@@ -169,7 +169,7 @@ void binary(int device, BinaryOp op, const Tensor& out, const Tensor& x, const T
   case BinaryOp::name:                                            \
     binary_op<functors::functor>(device, out, x, y, alpha, beta); \
     return;
-    DDPLAB_BINARY_OPS(DDP_BINARY_CASE)
+    DDP_BINARY_OPS(DDP_BINARY_CASE)
 #undef DDP_BINARY_CASE
   }
   DDP_FAIL("binary: unknown op " << static_cast<int>(op));

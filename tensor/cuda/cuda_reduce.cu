@@ -208,7 +208,7 @@ void reduce(int device, RowReduceOp op, const Tensor& out, const Tensor& in, int
   case RowReduceOp::name:                                      \
     reduce_op<functors::functor>(device, out, in, rows, cols); \
     return;
-    DDPLAB_REDUCE_OPS(DDP_REDUCE_CASE)
+    DDP_REDUCE_OPS(DDP_REDUCE_CASE)
 #undef DDP_REDUCE_CASE
   }
   DDP_FAIL("reduce: unknown op " << static_cast<int>(op));

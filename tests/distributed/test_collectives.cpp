@@ -35,7 +35,7 @@
 #include "tensor/ops.h"
 #include "tests/skip.h"
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "distributed/process_group_nccl.h"
 #endif
 
@@ -458,7 +458,7 @@ TEST_CASE("init_process_group: a bad backend choice fails before any network") {
   o.world_size = 2;  // would block on rendezvous if it got that far
   o.backend = "mpi";
   CHECK_THROWS_WITH_AS(init_process_group(o), doctest::Contains("unknown backend"), Error);
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   o.backend = "auto";
   o.device = cuda(0);  // auto picks nccl for CUDA tensors
   CHECK_THROWS_WITH_AS(init_process_group(o), doctest::Contains("built with CUDA"), Error);
@@ -546,7 +546,7 @@ namespace {
 }  // namespace
 
 TEST_CASE("nccl backend: all_reduce/broadcast/all_gather/reduce_scatter/barrier on GPUs") {
-#if !defined(DDPLAB_CUDA)
+#if !defined(DDP_CUDA)
   DDP_SKIP_IF(true, "ddplab was built without CUDA (the NCCL backend is compile-checked only)");
 #else
   const int gpus = gpu_count_in_child();

@@ -15,7 +15,7 @@
 #include "tests/skip.h"
 #include "tests/test_util.h"
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 #include "tensor/cuda/cuda_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #endif
@@ -46,7 +46,7 @@ TEST_CASE("a CUDA device index past the last one throws") {
   CHECK_THROWS_AS(ops::zeros({2}, cuda(cuda_device_count() + 3)), Error);
 }
 
-#if defined(DDPLAB_CUDA)
+#if defined(DDP_CUDA)
 
 TEST_CASE("the caching allocator reuses freed blocks and empty_cache returns them") {
   DDP_SKIP_IF(!cuda_is_available(), "no GPU");
@@ -163,4 +163,4 @@ TEST_CASE("the caching allocator splits cached blocks and record_stream delays r
                                 {"record_stream"});
 }
 
-#endif  // DDPLAB_CUDA
+#endif  // DDP_CUDA
