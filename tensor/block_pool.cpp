@@ -90,6 +90,9 @@ BlockPool::Block* BlockPool::take_cached(size_t size, const void* stream) {
       b->size = size;
       blocks.insert(rest);
     }
+    // Taken while still under the lock: a neighbour freed by another thread between here and
+    // allocate() marking it in use would otherwise see it free and absorb (delete) it.
+    b->allocated = true;
     stats_.cache_hits++;
     return b;
   }
