@@ -491,7 +491,8 @@ void rebuild(const std::shared_ptr<ProcessGroup>& pg, bool view) {
     if (view) {  // every .grad must be a view into the NEW buckets
       for (const Bucket& b : reducer.buckets()) {
         for (size_t k = 0; k < b.params.size(); ++k) {
-          const Tensor& p = ddp->module()->named_parameters()[b.params[k]].second;
+          // A copy, not a reference: named_parameters() returns a temporary vector.
+          const Tensor p = ddp->module()->named_parameters()[b.params[k]].second;
           check(p.grad().data_ptr<float>() == b.views[k].data_ptr<float>(),
                 names[b.params[k]] + ".grad is not a view into its rebuilt bucket");
         }
