@@ -146,7 +146,7 @@ std::string FlightRecorder::dump(const std::string& reason,
       break;
     }
   if (dir.empty()) dir = "/tmp";
-  const std::string path = dir + "/flight_" + group_ + "_rank" + std::to_string(rank_) + ".jsonl";
+  std::string path = dir + "/flight_" + group_ + "_rank" + std::to_string(rank_) + ".jsonl";
   // Written under another name and renamed, so a merge never reads half a dump.
   const std::string tmp = temporary_name(path);
   {

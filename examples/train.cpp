@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
       if (c.accumulation_steps > 1) {
         std::printf("accumulation: %lld micro-batches per step, %lld examples per step\n",
                     static_cast<long long>(c.accumulation_steps),
-                    static_cast<long long>(c.accumulation_steps * c.batch_size * world));
+                    static_cast<long long>(c.accumulation_steps) * c.batch_size * world);
       }
     }
 

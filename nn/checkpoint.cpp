@@ -82,6 +82,7 @@ void save_checkpoint(const std::string& path, const TrainingState& state) {
                                    << "' would be read back as part '" << name << "'");
     }
     parts[name] = part.meta;
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): once per tensor per save
     for (const auto& [key, t] : part.tensors) tensors.emplace_back(name + "." + key, t);
   }
   json crcs = json::object();
@@ -184,6 +185,7 @@ std::vector<std::string> CheckpointManager::list() const {
   DDP_CHECK(!ec, "CheckpointManager: cannot list '" << dir_ << "': " << ec.message());
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
+  out.reserve(found.size());
   for (auto& [step, path] : found) out.push_back(std::move(path));
   return out;
 }
@@ -202,7 +204,7 @@ int CheckpointManager::clean_stale() {
 }
 
 std::string CheckpointManager::save(const TrainingState& state) {
-  const std::string path = path_for_step(state.step);
+  std::string path = path_for_step(state.step);
   save_checkpoint(path, state);
   // Rotation only after the new checkpoint is durable: a crash in between leaves one extra.
   std::vector<std::string> all = list();

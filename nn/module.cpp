@@ -125,7 +125,7 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modul
   out.emplace_back("", shared_from_this());
   for (const auto& [name, m] : children_) {
     for (auto& [sub, sm] : m->named_modules()) {
-      out.emplace_back(sub.empty() ? name : name + "." + sub, sm);
+      out.emplace_back(sub.empty() ? name : std::string(name).append(".").append(sub), sm);
     }
   }
   return out;

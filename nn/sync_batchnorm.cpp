@@ -121,6 +121,7 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
   Tensor rows = ops::empty({world, 2 * c + 1}, {kFloat64, x.device()});
   if (group) {
     std::vector<Tensor> outputs;
+    outputs.reserve(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r) outputs.push_back(ops::select(rows, 0, r));
     group->all_gather(outputs, mine)->wait();
   } else {

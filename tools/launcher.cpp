@@ -203,7 +203,7 @@ class Agent {
         env["DDPLAB_FLIGHT_RECORDER_DIR"] = cfg_.log_dir;
       WorkerSpec spec;
       spec.rank = rank;
-      for (auto& [k, v] : env) spec.env.push_back(k + "=" + v);
+      for (auto& [k, v] : env) spec.env.push_back(std::string(k).append("=").append(v));
       specs.push_back(std::move(spec));
     }
     return specs;
@@ -240,7 +240,7 @@ class Agent {
         std::string where = cfg_.nnodes > 1 ? " on node " + std::to_string(cfg_.node_rank) : "";
         std::string what = e->describe() + where;
         std::string hung = find_hung_ranks(round);
-        if (!hung.empty()) what = hung + "; " + what + " after waiting for it";
+        if (!hung.empty()) what = hung.append("; ").append(what).append(" after waiting for it");
         f = publish(round, Failure{e->code, false, what});
         group_.stop(SIGTERM, seconds(cfg_.stop_grace_s));
         return false;
