@@ -35,6 +35,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "distributed/store/store.h"
 #include "tensor/error.h"
 #include "tools/worker_group.h"
@@ -270,12 +272,15 @@ class Agent {
     for (int local = 0; local < cfg_.nproc_per_node; ++local) {
       const int reporter = cfg_.node_rank * cfg_.nproc_per_node + local;
       std::ifstream f(report_file(round, reporter));
-      std::string report;
-      if (!f || !std::getline(f, report)) continue;
+      std::string line;
+      if (!f || !std::getline(f, line)) continue;
+      const auto report = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!report.is_object()) continue;  // half written when the worker died: no sign
       const std::string why = "rank " + std::to_string(reporter) + " timed out in " +
-                              json_string(report, "collective") + " seq " +
-                              json_raw(report, "seq") + " waiting for it";
-      for (int r : json_ints(report, "missing_ranks")) signs[r].push_back(why);
+                              report.value("collective", std::string("?")) + " seq " +
+                              (report.contains("seq") ? report["seq"].dump() : "?") +
+                              " waiting for it";
+      for (int r : report.value("missing_ranks", std::vector<int>{})) signs[r].push_back(why);
     }
     std::map<int, pid_t> pids;
     for (const auto& w : group_.running()) {
@@ -295,29 +300,6 @@ class Agent {
       }
     }
     return os.str();
-  }
-
-  // The few JSON reads a hang report needs (its writer is ours: one line, fixed keys).
-  static std::string json_raw(const std::string& line, const std::string& key) {
-    size_t at = line.find("\"" + key + "\": ");
-    if (at == std::string::npos) return "?";
-    at += key.size() + 4;
-    return line.substr(at, line.find_first_of(",}", at) - at);
-  }
-  static std::string json_string(const std::string& line, const std::string& key) {
-    std::string raw = json_raw(line, key);
-    return raw.size() >= 2 && raw.front() == '"' ? raw.substr(1, raw.size() - 2) : raw;
-  }
-  static std::vector<int> json_ints(const std::string& line, const std::string& key) {
-    std::vector<int> out;
-    size_t at = line.find("\"" + key + "\": [");
-    if (at == std::string::npos) return out;
-    std::istringstream list(
-        line.substr(at + key.size() + 5, line.find(']', at) - at - key.size() - 5));
-    std::string item;
-    while (std::getline(list, item, ','))
-      if (!item.empty()) out.push_back(std::atoi(item.c_str()));
-    return out;
   }
 
   // Node 0 hosts the store, so it waits (briefly) until the others have read the outcome.
