@@ -4,7 +4,7 @@
 // shared: only ratios measured in one run mean anything).
 //
 //   build/bench/bench_train [--model resnet20|cnn|...] [--batch 128] [--threads 1]
-//                           [--warmup 3] [--steps 10] [--device cpu|cuda] [--amp bf16] [--profile]
+//                           [--warmup 3] [--steps 10] [--device cpu|cuda] [--amp bf16|fp16] [--profile]
 //
 // On a GPU (--device cuda; scripts/gpu-check) the step ends with a synchronize, and so does each
 // timed part: the times are those of the GPU work, not of queueing it.
@@ -203,11 +203,13 @@ int run(const Config& c) {
   Backend& backend = backend_for(device);  // synchronize(): a no-op on the CPU
 
   std::vector<double> step_s, fwd_s, bwd_s, opt_s;
-  DDP_CHECK(c.amp.empty() || c.amp == "bf16", "bench_train: --amp takes bf16, got " << c.amp);
+  DDP_CHECK(c.amp.empty() || c.amp == "bf16" || c.amp == "fp16",
+            "bench_train: --amp takes bf16 or fp16 (CUDA), got " << c.amp);
+  const DType amp_dtype = c.amp == "fp16" ? kFloat16 : kBFloat16;
   // Forward and loss under autocast when asked (the guard is cheap: a thread-local flag).
   auto forward_loss = [&](const Tensor& in) {
     std::optional<amp::AutocastGuard> autocast;
-    if (!c.amp.empty()) autocast.emplace(device, kBFloat16);
+    if (!c.amp.empty()) autocast.emplace(device, amp_dtype);
     return F::cross_entropy((*model)(in), y);
   };
   for (int i = 0; i < c.warmup + c.steps; ++i) {
@@ -252,7 +254,7 @@ int run(const Config& c) {
       Tensor loss;
       {
         std::optional<amp::AutocastGuard> autocast;
-        if (!c.amp.empty()) autocast.emplace(device, kBFloat16);
+        if (!c.amp.empty()) autocast.emplace(device, amp_dtype);
         Tensor logits = walk ? walk(x, timer) : (*model)(x);
         loss = timer("cross_entropy", [&] { return F::cross_entropy(logits, y); });
       }
@@ -303,7 +305,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_train [--model resnet20|cnn|...] [--batch N] [--threads N] "
-                   "[--warmup N] [--steps N] [--device cpu|cuda] [--amp bf16] [--profile]\n");
+                   "[--warmup N] [--steps N] [--device cpu|cuda] [--amp bf16|fp16] [--profile]\n");
       return 2;
     }
   }

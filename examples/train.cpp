@@ -76,6 +76,7 @@ struct Config {
   std::string init_from, save, metrics;
   int num_workers = 2;
   int64_t subset = 0;
+  bool any_record_count = false;   // CIFAR files of any size (small files made for tests)
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0;       // 0: no clipping
   double grad_norm_warn = 10;      // 0: no warning
@@ -122,14 +123,18 @@ Data load_data(const Config& c) {
   try {
     if (c.dataset == "cifar10" || c.dataset == "cifar100") {
       auto stats = c.dataset == "cifar10" ? data::cifar10_stats() : data::cifar100_stats();
+      // The official record counts catch a download cut at a record boundary.
+      const bool check_counts = !c.any_record_count;
       auto train_tf =
           c.no_augment ? data::Transform::eval(stats) : data::Transform::cifar_train(stats);
       if (c.dataset == "cifar10") {
-        d.train = std::make_shared<data::CIFAR10>(dir, true, train_tf);
-        d.test = std::make_shared<data::CIFAR10>(dir, false, data::Transform::eval(stats));
+        d.train = std::make_shared<data::CIFAR10>(dir, true, train_tf, check_counts);
+        d.test =
+            std::make_shared<data::CIFAR10>(dir, false, data::Transform::eval(stats), check_counts);
       } else {
-        d.train = std::make_shared<data::CIFAR100>(dir, true, train_tf);
-        d.test = std::make_shared<data::CIFAR100>(dir, false, data::Transform::eval(stats));
+        d.train = std::make_shared<data::CIFAR100>(dir, true, train_tf, check_counts);
+        d.test = std::make_shared<data::CIFAR100>(dir, false, data::Transform::eval(stats),
+                                                  check_counts);
       }
     } else if (c.dataset == "fmnist" || c.dataset == "mnist") {
       auto stats = c.dataset == "fmnist" ? data::fashion_mnist_stats() : data::mnist_stats();
@@ -346,6 +351,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
   app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
+  app.add_flag("--any-record-count", c.any_record_count,
+               "CIFAR: accept files with other than the official record counts (test files)");
   app.add_option("--accumulation-steps", c.accumulation_steps,
                  "micro-batches of --batch-size per optimizer step (DDP: one all-reduce per step)")
       ->capture_default_str();

@@ -5,6 +5,10 @@
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
+#if defined(DDP_CUDA)
+#include "tensor/cuda/cuda_runtime.h"
+#endif
+
 namespace ddplab::amp {
 
 namespace {
@@ -23,10 +27,25 @@ std::optional<DType>& slot(DeviceType t) {
 void check_autocast_supported(Device device, DType dtype) {
   DDP_CHECK(dtype == kBFloat16 || dtype == kFloat16,
             "autocast: the dtype must be bfloat16 or float16, got " << dtype_name(dtype));
-  DDP_CHECK(device.is_cpu(),
-            "autocast on CUDA is not implemented yet (the cuDNN convolutions "
-            "run float32 and float64 only); train in float32 on CUDA, or "
-            "autocast to bfloat16 on the CPU");
+  if (device.is_cuda()) {
+#if defined(DDP_CUDA)
+    // cuDNN and cuBLAS run float16 on every GPU ddplab builds for; bfloat16 tensor cores came
+    // with Ampere. Without a GPU there is nothing to ask: the first CUDA tensor says so.
+    if (dtype == kBFloat16 && gpu::is_available() && device.index < gpu::device_count()) {
+      const auto [major, minor] = gpu::compute_capability(device.index);
+      DDP_CHECK(major >= 8, "autocast to bfloat16 on " << device << " needs compute capability 8.0 "
+                                                       << "(Ampere) or newer; this GPU has "
+                                                       << major << "." << minor
+                                                       << ". Use float16 (--amp fp16)");
+    }
+    return;
+#else
+    DDP_FAIL(
+        "autocast on CUDA: this build of ddplab has no CUDA backend (configure with "
+        "-Dcuda=enabled on a machine with the CUDA toolkit), so there is nothing to "
+        "autocast; autocast to bfloat16 on the CPU instead");
+#endif
+  }
   DDP_CHECK(dtype == kBFloat16,
             "autocast to float16 is not supported on the CPU: oneDNN's float16 kernels need "
             "the AVX512-FP16 instructions (avx512_fp16: Intel Sapphire Rapids and newer), and "

@@ -1,6 +1,6 @@
 // Autocast (automatic mixed precision): while an AutocastGuard is alive on a thread, the
-// convolutions and linear layers of that thread compute in bfloat16 and everything
-// else stays float32. Named after PyTorch's torch.amp.autocast:
+// convolutions and linear layers of that thread compute in bfloat16 (or float16 on CUDA) and
+// everything else stays float32. Named after PyTorch's torch.amp.autocast:
 //
 //   {
 //     amp::AutocastGuard autocast(kCPU, kBFloat16);  // with torch.autocast("cpu", torch.bfloat16):
@@ -42,10 +42,15 @@
 // as small as 1e-38 survive; float16 has 5 (gradients below ~6e-8 flush to zero), so it needs
 // loss scaling, and its CPU kernels need AVX512-FP16.
 //
-// Where it applies: the CPU (oneDNN's bfloat16 kernels, which need AVX-512; they are fastest with
-// avx512_bf16). Asking for anything else is an error at the guard, never a silent no-op or a
-// crash later: float16 on the CPU, or any autocast on CUDA (cuDNN's 16-bit convolutions are not
-// wired up yet).
+// Where it applies:
+//   * the CPU, bfloat16: oneDNN's bfloat16 kernels, which need AVX-512 (fastest with
+//     avx512_bf16). float16 on the CPU is refused (see above).
+//   * CUDA, float16 or bfloat16 (bfloat16 from compute capability 8.0, Ampere): cuBLAS reads the
+//     16-bit copies and writes float32 directly, as oneDNN does; cuDNN wants one type per call,
+//     so its convolutions round their operands to 16 bits, run on the tensor cores, and widen
+//     the result to float32 (nn/cudnn_conv.cpp). float16 gradients underflow: pair it with
+//     loss scaling (optim/grad_scaler.h).
+// Asking for what cannot run is an error at the guard, never a silent no-op or a crash later.
 #pragma once
 
 #include <optional>

@@ -279,7 +279,10 @@ constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2
 // (in bfloat16 under autocast) and im2col everything else (float64, for gradcheck).
 const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
 #if defined(DDP_CUDA)
-  if (x.is_cuda()) return cudnn::conv2d_kernels();
+  if (x.is_cuda()) {
+    const std::optional<DType> amp = amp::autocast_dtype_for(x);
+    return amp ? cudnn::conv2d_autocast_kernels(*amp) : cudnn::conv2d_kernels();
+  }
 #endif
   if (!use_onednn || x.dtype() != kFloat32) return kIm2colKernels;
   return amp::autocast_dtype_for(x) == kBFloat16 ? kOneDnnBf16Kernels : kOneDnnKernels;

@@ -26,8 +26,13 @@ cudnnDataType_t data_type(DType dtype) {
       return CUDNN_DATA_FLOAT;
     case DType::Float64:
       return CUDNN_DATA_DOUBLE;
+    case DType::Float16:  // autocast's convolutions (Note [Autocast] in nn/autocast.h)
+      return CUDNN_DATA_HALF;
+    case DType::BFloat16:
+      return CUDNN_DATA_BFLOAT16;
     default:
-      DDP_FAIL("cuDNN: supports float32 and float64 here, got " << dtype_name(dtype));
+      DDP_FAIL("cuDNN: supports float32, float64, float16 and bfloat16 here, got "
+               << dtype_name(dtype));
   }
 }
 
@@ -87,8 +92,10 @@ FilterDesc::~FilterDesc() {
 }
 
 ConvDesc::ConvDesc(const onednn::Conv2dParams& p, DType dtype) {
-  // The compute type is the data type: float32 accumulates in float32 (as the CPU's GEMMs).
-  const cudnnDataType_t t = data_type(dtype);
+  // float32 and float64 accumulate in their own type (as the CPU's GEMMs); 16-bit operands
+  // accumulate in float32, as under autocast on the CPU.
+  const bool sixteen = dtype == kFloat16 || dtype == kBFloat16;
+  const cudnnDataType_t t = sixteen ? CUDNN_DATA_FLOAT : data_type(dtype);
   const int a[7] = {to_int(p.pad_h, "padding"),   to_int(p.pad_w, "padding"),
                     to_int(p.stride_h, "stride"), to_int(p.stride_w, "stride"),
                     to_int(p.dil_h, "dilation"),  to_int(p.dil_w, "dilation"),
@@ -97,9 +104,12 @@ ConvDesc::ConvDesc(const onednn::Conv2dParams& p, DType dtype) {
   cudnnStatus_t st = cudnnSetConvolution2dDescriptor(desc_, a[0], a[1], a[2], a[3], a[4], a[5],
                                                      CUDNN_CROSS_CORRELATION, t);
   if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(desc_, a[6]);
-  // FMA kernels only: CUDNN_DEFAULT_MATH would allow TF32 tensor cores on Ampere and later,
-  // whose 10-bit mantissa breaks agreement with the CPU's float32 results.
-  if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionMathType(desc_, CUDNN_FMA_MATH);
+  // float32: FMA kernels only: CUDNN_DEFAULT_MATH would allow TF32 tensor cores on Ampere and
+  // later, whose 10-bit mantissa breaks agreement with the CPU's float32 results. 16-bit
+  // operands: the tensor cores are the point of autocast, and they round nothing further.
+  if (st == CUDNN_STATUS_SUCCESS) {
+    st = cudnnSetConvolutionMathType(desc_, sixteen ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
+  }
   if (st != CUDNN_STATUS_SUCCESS) cudnnDestroyConvolutionDescriptor(desc_);
   DDP_CUDNN_CHECK(st);
 }

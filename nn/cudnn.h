@@ -11,7 +11,9 @@
 // Every entry point takes CUDA tensors that already passed the CPU path's argument checks and runs
 // on the calling thread's current stream of the tensor's device. batch_norm and pool2d record their
 // own autograd node; the convolution kernels run inside the node conv2d records.
-// float32 and float64 are supported (float32 in full precision: no TF32).
+// float32 and float64 are supported (float32 in full precision: no TF32); under autocast the
+// convolutions also run with float16 or bfloat16 operands on the tensor cores
+// (conv2d_autocast_kernels).
 #pragma once
 
 #include <cstddef>
@@ -45,7 +47,7 @@ Tensor workspace(size_t bytes, Device device);
 // Owning wrappers of cuDNN descriptors (create in the constructor, destroy in the destructor).
 class TensorDesc {
  public:
-  // A packed NCHW 4-D descriptor of `dtype` (float32 or float64).
+  // A packed NCHW 4-D descriptor of `dtype` (float32, float64, float16 or bfloat16).
   TensorDesc(DType dtype, int64_t n, int64_t c, int64_t h, int64_t w);
   ~TensorDesc();
   TensorDesc(const TensorDesc&) = delete;
@@ -72,7 +74,8 @@ class FilterDesc {
 class ConvDesc {
  public:
   // Cross-correlation (what deep-learning frameworks call convolution) with p's stride, padding,
-  // dilation and groups; FMA math only (no TF32 or other tensor-op conversions).
+  // dilation and groups. float32/float64: FMA math only (no TF32 or other tensor-op conversions);
+  // float16/bfloat16: tensor-op math, accumulating in float32.
   ConvDesc(const onednn::Conv2dParams& p, DType dtype);
   ~ConvDesc();
   ConvDesc(const ConvDesc&) = delete;
@@ -117,6 +120,10 @@ void check_dtype(const Tensor& t, const char* what);
 // The convolution kernels (nn/cudnn_conv.cpp) that conv2d (nn/conv.cpp) runs on CUDA tensors,
 // inside the autograd node it records for every backend.
 const conv_detail::ConvKernels& conv2d_kernels();
+// The same three kernels under autocast (Note [Autocast] in nn/autocast.h): they read and write
+// float32 tensors like the others, but round the operands to `dtype` (float16 or bfloat16) and
+// multiply on the tensor cores, accumulating in float32.
+const conv_detail::ConvKernels& conv2d_autocast_kernels(DType dtype);
 
 // batch_norm (nn/cudnn_batchnorm.cpp), called after batch_norm's own argument checks. weight and
 // bias are the contiguous checked parameters (undefined when affine=false); weight_in / bias_in

@@ -53,18 +53,25 @@ bool uses_tensor_ops(cudnnMathType_t m) {
   return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
-// Picks the first algorithm the heuristics rank as runnable (and not tensor-op math).
+bool is_16_bit(DType t) {
+  return t == kFloat16 || t == kBFloat16;
+}
+
+// Picks the first algorithm the heuristics rank as runnable (and, for float32 and float64, not
+// tensor-op math: see ConvDesc).
 template <class Perf>
-Algo pick(const std::vector<Perf>& perf, int count, const Conv2dParams& p, const char* what) {
+Algo pick(const std::vector<Perf>& perf, int count, const Conv2dParams& p, DType t,
+          const char* what) {
   for (int i = 0; i < count; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && !uses_tensor_ops(perf[i].mathType)) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+        (is_16_bit(t) || !uses_tensor_ops(perf[i].mathType))) {
       return Algo{static_cast<int>(perf[i].algo), perf[i].memory};
     }
   }
   DDP_FAIL("conv2d: cuDNN offers no " << what << " algorithm for " << p.str());
 }
 
-Algo choose(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, Pass pass) {
+Algo choose(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, DType t, Pass pass) {
   int max_count = 0, count = 0;
   Algo a;
   switch (pass) {
@@ -73,7 +80,7 @@ Algo choose(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, Pass pas
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(max_count));
       DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
           h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), max_count, &count, perf.data()));
-      a = pick(perf, count, p, "forward");
+      a = pick(perf, count, p, t, "forward");
       DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
           h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
           static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), &a.workspace));
@@ -84,7 +91,7 @@ Algo choose(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, Pass pas
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(max_count));
       DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
           h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), max_count, &count, perf.data()));
-      a = pick(perf, count, p, "backward-data");
+      a = pick(perf, count, p, t, "backward-data");
       DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
           h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
           static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), &a.workspace));
@@ -95,7 +102,7 @@ Algo choose(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, Pass pas
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(max_count));
       DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), max_count, &count, perf.data()));
-      a = pick(perf, count, p, "backward-filter");
+      a = pick(perf, count, p, t, "backward-filter");
       DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
           h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
           static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), &a.workspace));
@@ -116,7 +123,7 @@ Algo algo_for(cudnnHandle_t h, const ConvDescs& d, const Conv2dParams& p, DType 
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  Algo a = choose(h, d, p, pass);  // outside the lock: two threads may both choose, harmlessly
+  Algo a = choose(h, d, p, t, pass);  // outside the lock: two threads may both choose, harmlessly
   std::lock_guard<std::mutex> lock(mu);
   cache.emplace(key, a);
   return a;
@@ -147,7 +154,7 @@ struct ConvCall {
 
 void forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
              const Tensor& y) {
-  check_dtype(x, "conv2d");
+  if (!is_16_bit(x.dtype())) check_dtype(x, "conv2d");  // 16-bit: from the autocast kernels
   const ConvCall c(p, x, Pass::Forward);
   DDP_CUDNN_CHECK(cudnnConvolutionForward(
       c.h, c.blend.one(), c.d.x.get(), x.raw_data(), c.d.w.get(), w.raw_data(), c.d.conv.get(),
@@ -179,10 +186,56 @@ void backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy, 
 constexpr conv_detail::ConvKernels kKernels{"ConvolutionBackward(cuDNN)", forward, backward_data,
                                             backward_weights};
 
+// Autocast (Note [Autocast] in nn/autocast.h). cuDNN wants the input, filter and output of one
+// call in one type, so unlike oneDNN it cannot read float32 and multiply in 16 bits by itself:
+// each kernel rounds its float32 operands to T (ops::to, one pass each), runs the 16-bit
+// convolution on the tensor cores (accumulating in float32), and widens the result into the
+// float32 tensor the caller gave. The products are those of the CPU's bfloat16 kernels; the
+// extra rounding of the result to T before widening is the price of cuDNN's one-type rule
+// (PyTorch's CUDA autocast hands the 16-bit output on instead: ours stays float32 so that
+// BatchNorm and the loss see float32, as on the CPU).
+template <DType T>
+void forward_16(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
+                const Tensor& y) {
+  Tensor y16 = ops::empty(y.shape(), TensorOptions(T, y.device()));
+  forward(p, ops::to(x, T), ops::to(w, T), Tensor(), y16);
+  ops::copy_(y, y16);
+  if (b.defined()) ops::add_(y, ops::reshape(b, {1, p.o, 1, 1}));  // bias in float32
+}
+
+template <DType T>
+void backward_data_16(const Conv2dParams& p, const Tensor& gy, const Tensor& w, const Tensor& gx) {
+  Tensor gx16 = ops::empty(gx.shape(), TensorOptions(T, gx.device()));
+  backward_data(p, ops::to(gy, T), ops::to(w, T), gx16);
+  ops::copy_(gx, gx16);
+}
+
+template <DType T>
+void backward_weights_16(const Conv2dParams& p, const Tensor& x, const Tensor& gy, const Tensor& gw,
+                         const Tensor& gb) {
+  Tensor gw16 = ops::empty(gw.shape(), TensorOptions(T, gw.device()));
+  backward_weights(p, ops::to(x, T), ops::to(gy, T), gw16, Tensor());
+  ops::copy_(gw, gw16);
+  if (gb.defined()) ops::copy_(gb, ops::sum(gy, {0, 2, 3}));  // from the float32 gradient
+}
+
+constexpr conv_detail::ConvKernels kHalfKernels{
+    "ConvolutionBackward(cuDNN float16)", forward_16<DType::Float16>,
+    backward_data_16<DType::Float16>, backward_weights_16<DType::Float16>};
+constexpr conv_detail::ConvKernels kBFloat16Kernels{
+    "ConvolutionBackward(cuDNN bfloat16)", forward_16<DType::BFloat16>,
+    backward_data_16<DType::BFloat16>, backward_weights_16<DType::BFloat16>};
+
 }  // namespace
 
 const conv_detail::ConvKernels& conv2d_kernels() {
   return kKernels;
+}
+
+const conv_detail::ConvKernels& conv2d_autocast_kernels(DType dtype) {
+  DDP_CHECK(is_16_bit(dtype),
+            "conv2d: autocast computes in float16 or bfloat16, not " << dtype_name(dtype));
+  return dtype == kFloat16 ? kHalfKernels : kBFloat16Kernels;
 }
 
 }  // namespace ddplab::nn::cudnn

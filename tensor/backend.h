@@ -27,8 +27,8 @@ enum class RowReduceOp { DDP_REDUCE_OPS(DDP_ENUM_ENTRY) };
 // op(A) is m x k: A is stored m x k (lda >= k), or k x m when trans_a (lda >= m).
 struct GemmArgs {
   DType dtype = kFloat32;  // of A, B and C
-  // Mixed precision: A and B are bfloat16 (dtype), C is float32 and the products accumulate in
-  // float32 (autocast's linear layers). The CPU backend only.
+  // Mixed precision: A and B are 16-bit (dtype), C is float32 and the products accumulate in
+  // float32 (autocast's linear layers): bfloat16 on the CPU, bfloat16 or float16 on CUDA.
   bool float32_c = false;
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;

@@ -67,12 +67,13 @@ void gemm_(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bo
             "gemm_: shapes " << shape_str(at.shape()) << " @ " << shape_str(bt.shape())
                              << " do not give " << shape_str(out.shape()));
   DType dt = gemm_dtype(promote_types(a.dtype(), b.dtype()));
-  // bfloat16 operands with a float32 result (autocast's linear, Note [Autocast] in
-  // nn/autocast.h): on the CPU one mixed-precision GEMM reads them as they are. Otherwise the
-  // operands are converted to the type the GEMM computes in.
-  const bool mixed = a.dtype() == kBFloat16 && b.dtype() == kBFloat16 && out.dtype() == kFloat32 &&
-                     out.device().is_cpu();
-  const DType operand_dt = mixed ? kBFloat16 : dt;
+  // 16-bit operands with a float32 result (autocast's linear, Note [Autocast] in nn/autocast.h):
+  // one mixed-precision GEMM reads them as they are (bfloat16 on the CPU; bfloat16 or float16 on
+  // CUDA). Otherwise the operands are converted to the type the GEMM computes in.
+  const bool sixteen = a.dtype() == b.dtype() &&
+                       (a.dtype() == kBFloat16 || (a.dtype() == kFloat16 && out.is_cuda()));
+  const bool mixed = sixteen && out.dtype() == kFloat32;
+  const DType operand_dt = mixed ? a.dtype() : dt;
   bool direct = out.dtype() == dt && out.stride(1) == 1 && out.stride(0) >= std::max<int64_t>(n, 1);
   Tensor c =
       direct ? out : (beta == 0 ? empty({m, n}, {dt, out.device()}) : contiguous(to(out, dt)));

@@ -44,9 +44,8 @@ int to_int(int64_t v, const char* what) {
 }  // namespace
 
 void gemm(int device, const GemmArgs& g) {
-  DDP_CHECK(!g.float32_c,
-            "gemm on CUDA: the mixed-precision GEMM (16-bit A and B, float32 C) "
-            "is implemented on the CPU only");
+  DDP_CHECK(!g.float32_c || g.dtype == DType::Float16 || g.dtype == DType::BFloat16,
+            "gemm on CUDA: a float32 result needs 16-bit operands, got " << dtype_name(g.dtype));
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   cublasHandle_t h = cublas_handle(device);
   // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
@@ -77,11 +76,14 @@ void gemm(int device, const GemmArgs& g) {
     case DType::Float16:
     case DType::BFloat16: {
       // 16-bit storage, float32 accumulation: the same "compute in float" rule as every other op.
+      // Under autocast C is float32 (float32_c): the tensor cores read the 16-bit operands and
+      // the float32 sums are written as they are, never rounded to 16 bits.
       const cudaDataType_t t = g.dtype == DType::Float16 ? CUDA_R_16F : CUDA_R_16BF;
+      const cudaDataType_t tc = g.float32_c ? CUDA_R_32F : t;
       const auto alpha = static_cast<float>(g.alpha), beta = static_cast<float>(g.beta);
       DDP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
           h, op_b, op_a, m, n, k, &alpha, g.b, t, lda1, g.stride_b, g.a, t, ldb1, g.stride_a, &beta,
-          g.c, t, ldc, g.stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          g.c, tc, ldc, g.stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       break;
     }
     default:

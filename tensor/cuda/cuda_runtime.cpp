@@ -51,6 +51,14 @@ bool is_available() {
 int device_count() {
   return probe().count;
 }
+std::pair<int, int> compute_capability(int index) {
+  require_device(index);
+  int major = 0, minor = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+  return {major, minor};
+}
+
 const std::string& unavailable_reason() {
   return probe().reason;
 }

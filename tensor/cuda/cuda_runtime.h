@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <utility>
 
 #include "tensor/device.h"
 
@@ -24,6 +25,9 @@ bool is_available();
 int device_count();
 // Throws ddplab::Error unless cuda:`index` exists ("cuda:1 requested, but ...").
 void require_device(int index);
+// cuda:`index`'s compute capability as (major, minor), e.g. (9, 0) for Hopper; require_device
+// first. Tells which tensor-core types it has (bfloat16 from 8.0, Ampere, on).
+std::pair<int, int> compute_capability(int index);
 // Why CUDA is unusable ("" when it is usable), e.g. "cudaGetDeviceCount failed: error 35 (...)".
 const std::string& unavailable_reason();
 

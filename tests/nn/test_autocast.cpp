@@ -39,24 +39,33 @@ struct Run {
   std::string node;
 };
 
-// y = layer(x, w, b) and the three gradients for the output gradient gy, with or without autocast.
-Run run_layer(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& layer,
-              const Tensor& x0, const Tensor& w0, const Tensor& b0, bool bf16) {
-  Tensor x = ops::clone(x0).set_requires_grad(true);
-  Tensor w = ops::clone(w0).set_requires_grad(true);
-  Tensor b = ops::clone(b0).set_requires_grad(true);
+using Layer = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
+
+// y = layer(x, w, b) on `device` and the three gradients for a random output gradient, under
+// autocast to `amp` when given (else in float32); the results come back on the CPU.
+Run run_layer_on(const Layer& layer, const Tensor& x0, const Tensor& w0, const Tensor& b0,
+                 std::optional<DType> amp, Device device) {
+  Tensor x = ops::to(x0, device).set_requires_grad(true);
+  Tensor w = ops::to(w0, device).set_requires_grad(true);
+  Tensor b = ops::to(b0, device).set_requires_grad(true);
   Tensor y;
   {
     std::optional<amp::AutocastGuard> autocast;
-    if (bf16) autocast.emplace(kCPU, kBFloat16);
+    if (amp) autocast.emplace(device, *amp);
     y = layer(x, w, b);
   }
   Run r;
   r.node = y.grad_fn()->name();
   Generator g(3);
-  y.backward(ops::randn(y.shape(), kFloat32, &g));
-  r.y = y, r.gx = x.grad(), r.gw = w.grad(), r.gb = b.grad();
+  y.backward(ops::to(ops::randn(y.shape(), kFloat32, &g), device));
+  r.y = ops::to(y, kCPU), r.gx = ops::to(x.grad(), kCPU), r.gw = ops::to(w.grad(), kCPU);
+  r.gb = ops::to(b.grad(), kCPU);
   return r;
+}
+
+Run run_layer(const Layer& layer, const Tensor& x0, const Tensor& w0, const Tensor& b0, bool bf16) {
+  return run_layer_on(layer, x0, w0, b0, bf16 ? std::optional<DType>(kBFloat16) : std::nullopt,
+                      kCPU);
 }
 
 void check_close_to_float32(const Run& bf, const Run& fp) {
@@ -110,6 +119,33 @@ TEST_CASE("autocast bf16: linear is close to float32, with float32 output and gr
   check_close_to_float32(bf, fp);
   Tensor ref = F::linear(rounded_to_bf16(x), rounded_to_bf16(w), b);
   CHECK(ops::max_rel_error(bf.y, ref) < 1e-5);
+}
+
+TEST_CASE("autocast on CUDA: float16 and bfloat16 conv2d and linear are close to float32") {
+  DDP_SKIP_IF(!cuda_is_available(), "no GPU: the cuDNN and cuBLAS 16-bit kernels need one");
+  Generator g(4);
+  Tensor x = ops::randn({4, 16, 12, 12}, kFloat32, &g);
+  Tensor w = ops::mul(ops::randn({32, 16, 3, 3}, kFloat32, &g), 0.1);
+  Tensor b = ops::randn({32}, kFloat32, &g);
+  Tensor xl = ops::randn({10, 64}, kFloat32, &g);
+  Tensor wl = ops::randn({24, 64}, kFloat32, &g);
+  Tensor bl = ops::randn({24}, kFloat32, &g);
+  const Layer conv = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return F::conv2d(x, w, b, {2, 2}, {1, 1});
+  };
+  const Layer linear = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return F::linear(x, w, b);
+  };
+  const Run conv_fp = run_layer_on(conv, x, w, b, std::nullopt, kCPU);
+  const Run linear_fp = run_layer_on(linear, xl, wl, bl, std::nullopt, kCPU);
+  for (DType t : {kFloat16, kBFloat16}) {
+    CAPTURE(dtype_name(t));
+    const Run c = run_layer_on(conv, x, w, b, t, cuda(0));
+    CHECK(c.node == std::string("ConvolutionBackward(cuDNN ") +
+                        (t == kFloat16 ? "float16" : "bfloat16") + ")");
+    check_close_to_float32(c, conv_fp);
+    check_close_to_float32(run_layer_on(linear, xl, wl, bl, t, cuda(0)), linear_fp);
+  }
 }
 
 TEST_CASE("autocast bf16: a model step keeps BatchNorm, the loss and the parameters float32") {
@@ -185,9 +221,12 @@ TEST_CASE("autocast: what cannot run here is refused at the guard, saying why") 
   // float16 on the CPU: names the missing instruction set and the alternative.
   check_error_mentions([] { amp::AutocastGuard a(kCPU, kFloat16); },
                        {"float16", "AVX512-FP16", "bfloat16", "--amp bf16"});
-  // CUDA (even on a machine without a GPU: the check needs none).
+#if !defined(DDP_CUDA)
+  // CUDA in a build without the CUDA backend (even on a machine without a GPU: the check needs
+  // none).
   check_error_mentions([] { amp::AutocastGuard a(cuda(0), kBFloat16); },
-                       {"autocast on CUDA is not implemented yet"});
+                       {"no CUDA backend", "-Dcuda=enabled"});
+#endif
   check_error_mentions([] { amp::AutocastGuard a(kCPU, kFloat32); },
                        {"bfloat16 or float16", "float32"});
   // A refused guard leaves the state as it was.
