@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +39,7 @@
 #include "distributed/ddp.h"
 #include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
+#include "examples/cli_config.h"
 #include "models/models.h"
 #include "nn/autocast.h"
 #include "nn/functional.h"
@@ -86,10 +88,28 @@ struct Config {
   std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
 };
 
-// Checks the flags that CLI11 cannot check alone; returns an error message, empty when all is well.
+// Checks the flags that CLI11 cannot check alone, before any data is loaded; returns an error
+// message, empty when all is well.
 std::string validate(const Config& c) {
   std::ostringstream err;
-  if (c.accumulation_steps < 1) {
+  const std::vector<std::string> models = models::available();
+  if (std::find(models.begin(), models.end(), c.model) == models.end()) {
+    err << "--model: unknown model '" << c.model << "'; the models are:";
+    for (const auto& m : models) err << " " << m;
+  } else if (c.epochs < 1) {
+    err << "--epochs must be at least 1 (got " << c.epochs << ")";
+  } else if (c.batch_size < 1) {
+    err << "--batch-size must be at least 1 (got " << c.batch_size << ")";
+  } else if (c.subset < 0) {
+    err << "--subset must be >= 0 (got " << c.subset << "); 0 trains on the whole training set";
+  } else if (c.threads < 0) {
+    err << "--threads must be >= 0 (got " << c.threads << "); 0 takes the library's default";
+  } else if (c.num_workers < 0) {
+    err << "--num-workers must be >= 0 (got " << c.num_workers
+        << "); 0 loads data on the training thread";
+  } else if (c.max_steps < 0) {
+    err << "--max-steps must be >= 0 (got " << c.max_steps << "); 0 means no limit";
+  } else if (c.accumulation_steps < 1) {
     err << "--accumulation-steps must be at least 1 (got " << c.accumulation_steps
         << "): it is the number of micro-batches whose gradients are summed before each "
            "optimizer step (1: no accumulation)";
@@ -323,6 +343,7 @@ double evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
 int main(int argc, char** argv) {
   Config c;
   CLI::App app{"ddplab: train an image classifier"};
+  app.option_defaults()->always_capture_default();  // --help and the effective config show them
   std::string models_list;
   for (const auto& m : models::available()) models_list += " " + m;
   app.add_option("--model", c.model, "model name:" + models_list)->capture_default_str();
@@ -369,11 +390,24 @@ int main(int argc, char** argv) {
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
   app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
       ->check(CLI::IsMember({"bf16", "fp16"}));
-  CLI11_PARSE(app, argc, argv);
+  cli::add_config_option(app);  // --config FILE: the same keys in JSON or TOML
+  // CLI11 would only list an unknown flag; name the nearest known one too.
+  if (const auto unknown = cli::unknown_flags(app, argc, argv); !unknown.empty()) {
+    for (const auto& m : unknown) std::cerr << "error: " << m << "\n";
+    std::cerr << "Run with --help for the list of flags.\n";
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the help, or the error
+    return rc == 0 ? 0 : 2;      // a bad command line: 2, as every other flag error
+  }
   if (const std::string err = validate(c); !err.empty()) {
     std::cerr << "error: " << err << "\n";
     return 2;
   }
+  const std::string config_toml = cli::effective_config(app);
 
   try {
     if (c.threads > 0) set_num_threads(c.threads);
@@ -388,6 +422,10 @@ int main(int argc, char** argv) {
     const int world = dist.world;                         // DDP:
     const bool main_rank = dist.main_rank;                // DDP:
     manual_seed(c.seed);
+    if (main_rank) {  // DDP: rank 0 prints
+      // Every flag's value, defaults included: saved as a file, `--config FILE` repeats the run.
+      std::printf("effective config:\n%s", config_toml.c_str());
+    }
 
     // Data.
     Data d = load_data(c);
