@@ -142,6 +142,54 @@ TEST_CASE(
   });
 }
 
+TEST_CASE(
+    "a rank that stops taking part but is not stopped dumps its flight recorder when another "
+    "rank's collective times out") {
+  const char* merge = std::getenv("FLIGHT_MERGE");
+  REQUIRE_MESSAGE(merge != nullptr, "FLIGHT_MERGE is not set; run through meson test");
+  TempDir dir;
+  EnvGuard guard({"DDPLAB_FLIGHT_RECORDER_DIR"});
+  setenv("DDPLAB_FLIGHT_RECORDER_DIR", dir.path.c_str(), 1);
+  const std::string merge_cmd = std::string("python3 ") + merge + " " + dir.path.string();
+  auto dump_of = [&](int rank) {
+    return dir.path / ("flight_test_rank" + std::to_string(rank) + ".jsonl");
+  };
+  run_ranks(3, [&](int rank, int w, const std::shared_ptr<TCPStore>& store) {
+    auto pg = make_group(rank, w, store, 3s);
+    Tensor x = ops::ones({1000});
+    pg->broadcast(x, 1)->wait();  // seq 0
+    pg->all_reduce(x)->wait();    // seq 1
+    if (rank == 2) {
+      // Busy elsewhere (as if stuck loading data): never issues seq 2, never times out itself.
+      // Only the others' request can make it dump.
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!fs::exists(dump_of(2)) && std::chrono::steady_clock::now() - t0 < 12s)
+        std::this_thread::sleep_for(100ms);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("[dump request] rank 2 dumped %.2f s after it stopped taking part\n", s);
+      EXPECT(fs::exists(dump_of(2)), "rank 2 never dumped its flight recorder");
+      const std::string text = read_file(dump_of(2));
+      EXPECT(contains(text, "\"reason\": \"dump requested by rank "), text);
+      EXPECT(contains(text, "all_reduce seq 2"), text);
+      store_sync(*store, "dumped", rank, w);
+      return;
+    }
+    try {
+      pg->all_reduce(x)->wait();  // seq 2: rank 2 never joins
+    } catch (const Error&) {
+    }
+    store_sync(*store, "dumped", rank, w);  // all three dumps are written
+    if (rank == 0) {
+      int code = 0;
+      const std::string table = run_command(merge_cmd, code);
+      std::printf("%s", table.c_str());
+      EXPECT(code == 0, table);
+      EXPECT(contains(table, "3 of 3 ranks dumped"), table);
+      EXPECT(contains(table, "First disagreement at seq 2 (all_reduce): rank 2 behind."), table);
+    }
+  });
+}
+
 TEST_CASE("init_process_group: rank 0 says whom it is waiting for") {
   const int port = net::pick_free_port("127.0.0.1");
   TempDir dir;
