@@ -57,6 +57,20 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+// A fresh folder for the forked ranks' flight-recorder dumps (DDPLAB_FLIGHT_RECORDER_DIR, which
+// they inherit) and the command that merges them (tools/flight_merge.py, path in FLIGHT_MERGE).
+struct DumpFolder {
+  TempDir dir;
+  EnvGuard guard{{"DDPLAB_FLIGHT_RECORDER_DIR"}};
+  std::string merge_cmd;
+  DumpFolder() {
+    const char* merge = std::getenv("FLIGHT_MERGE");
+    REQUIRE_MESSAGE(merge != nullptr, "FLIGHT_MERGE is not set; run through meson test");
+    setenv("DDPLAB_FLIGHT_RECORDER_DIR", dir.path.c_str(), 1);
+    merge_cmd = std::string("python3 ") + merge + " " + dir.path.string();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("flight recorder: a ring of the last N collectives with their states") {
@@ -95,12 +109,9 @@ TEST_CASE("flight recorder: a ring of the last N collectives with their states")
 TEST_CASE(
     "a stopped rank: the others time out naming collective, seq and rank; the merged "
     "flight-recorder dumps show it behind") {
-  const char* merge = std::getenv("FLIGHT_MERGE");
-  REQUIRE_MESSAGE(merge != nullptr, "FLIGHT_MERGE is not set; run through meson test");
-  TempDir dir;
-  EnvGuard guard({"DDPLAB_FLIGHT_RECORDER_DIR"});
-  setenv("DDPLAB_FLIGHT_RECORDER_DIR", dir.path.c_str(), 1);  // inherited by the forked ranks
-  const std::string merge_cmd = std::string("python3 ") + merge + " " + dir.path.string();
+  DumpFolder dumps;
+  const TempDir& dir = dumps.dir;
+  const std::string& merge_cmd = dumps.merge_cmd;
   run_ranks(3, [&](int rank, int w, const std::shared_ptr<TCPStore>& store) {
     auto pg = make_group(rank, w, store, 3s);
     Tensor x = ops::ones({1000});
@@ -145,12 +156,9 @@ TEST_CASE(
 TEST_CASE(
     "a rank that stops taking part but is not stopped dumps its flight recorder when another "
     "rank's collective times out") {
-  const char* merge = std::getenv("FLIGHT_MERGE");
-  REQUIRE_MESSAGE(merge != nullptr, "FLIGHT_MERGE is not set; run through meson test");
-  TempDir dir;
-  EnvGuard guard({"DDPLAB_FLIGHT_RECORDER_DIR"});
-  setenv("DDPLAB_FLIGHT_RECORDER_DIR", dir.path.c_str(), 1);
-  const std::string merge_cmd = std::string("python3 ") + merge + " " + dir.path.string();
+  DumpFolder dumps;
+  const TempDir& dir = dumps.dir;
+  const std::string& merge_cmd = dumps.merge_cmd;
   auto dump_of = [&](int rank) {
     return dir.path / ("flight_test_rank" + std::to_string(rank) + ".jsonl");
   };
