@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "distributed/store/store.h"
+
 namespace ddplab::distributed {
 
 namespace {
@@ -171,6 +173,21 @@ std::string FlightRecorder::dump(const std::string& reason,
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return "";
   return path;
+}
+
+void request_flight_dumps(Store& group_store, int rank, const std::string& reason) {
+  const std::string request = "rank " + std::to_string(rank) + " (" + reason + ")";
+  try {
+    // compare_set, not set: when several ranks time out together, the first cause is kept.
+    group_store.compare_set(kFlightDumpRequestKey, {},
+                            std::vector<uint8_t>(request.begin(), request.end()));
+  } catch (const std::exception&) {
+  }
+}
+
+std::string answer_flight_dump_request(Store& group_store, const FlightRecorder& recorder) {
+  if (!group_store.check({kFlightDumpRequestKey})) return "";
+  return recorder.dump("dump requested by " + group_store.get_string(kFlightDumpRequestKey));
 }
 
 bool write_hang_report(int rank, const std::string& collective, uint64_t seq,

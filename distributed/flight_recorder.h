@@ -8,6 +8,12 @@
 // backends' worker (every backend gets it by calling started()/finished()), and dumps it as JSON
 // lines when a collective times out. tools/flight_merge.py lines the dumps of all ranks up, seq
 // by rank, and marks the first sequence number where the ranks disagree.
+//
+// A dump of the failing rank alone is half the story: the rank that is behind is often not in a
+// collective at all (stuck in data loading, or in a later collective with time left), so it never
+// fails and never dumps. As in PyTorch, the first rank that fails therefore asks every rank of
+// its group, through the group's store, to dump too (request_flight_dumps); each rank's
+// background thread polls for the request about once a second (answer_flight_dump_request).
 #pragma once
 
 #include <chrono>
@@ -18,6 +24,8 @@
 #include <vector>
 
 namespace ddplab::distributed {
+
+class Store;
 
 // Default number of collectives kept per group (PyTorch's TORCH_NCCL_TRACE_BUFFER_SIZE plays the
 // same role); DDPLAB_FLIGHT_RECORDER_SIZE overrides it, 0 turns the recorder off.
@@ -77,6 +85,21 @@ class FlightRecorder {
 
 // The capacity from DDPLAB_FLIGHT_RECORDER_SIZE, else kDefaultFlightRecorderSize.
 size_t flight_recorder_size_from_environment();
+
+// The key, under a process group's store prefix, through which a failing rank asks every rank of
+// the group to dump its flight recorder; the value says who asked and why (the first asker wins).
+constexpr const char* kFlightDumpRequestKey = "flight/dump_request";
+// How often a rank looks for that request.
+constexpr std::chrono::milliseconds kFlightDumpPollInterval{1000};
+
+// Publishes the request of `rank` (failed because of `reason`) in `group_store`. Store errors
+// are swallowed: the store host may be the rank that died, and the caller is busy failing.
+void request_flight_dumps(Store& group_store, int rank, const std::string& reason);
+
+// When `group_store` holds a dump request, dumps `recorder` with a reason naming the asker and
+// returns the path; "" when there is no request (or the dump could not be written). Throws what
+// the store throws.
+std::string answer_flight_dump_request(Store& group_store, const FlightRecorder& recorder);
 
 // The hang report a launcher reads. When DDPLAB_ERROR_FILE is set (ddprun sets it for every
 // worker), a rank whose collective failed writes one JSON line there:

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -95,6 +96,9 @@ struct ProcessGroupGloo::State {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::shared_ptr<FlightRecorder> recorder;  // the ProcessGroup base's; dumped on a failure
+  // Set once this rank has dumped because of its own failure or another rank's request: one
+  // dump per rank, and never a requested one over the fuller dump of its own failure.
+  std::atomic<bool> flight_dumped{false};
 
   std::mutex mu;
   std::condition_variable cv;  // signals queue, stop and thread-exit changes
@@ -111,6 +115,8 @@ struct ProcessGroupGloo::State {
 
   void worker_loop();
   void publisher_loop();
+  // Dumps the flight recorder if another rank asked for it (see publisher_loop).
+  void answer_dump_request();
   // The full error message of a failed or timed-out collective.
   std::string describe(const std::string& what, uint64_t seq, const std::string& cause);
   // "rank 1 did not join all_reduce seq 3 (...)", from the peers' published counters, which it
@@ -209,17 +215,27 @@ void ProcessGroupGloo::State::worker_loop() {
 void ProcessGroupGloo::State::publisher_loop() {
   // A separate thread, because the worker may be blocked inside Gloo exactly when its progress
   // matters. One small store write per interval at most, and only when the counter moved: cheap
-  // enough to leave on for every collective of DDP.
+  // enough to leave on for every collective of DDP. About once a second it also looks for
+  // another rank's request to dump the flight recorder (flight_recorder.h).
   const std::string key = "arrived/" + std::to_string(rank);
   uint64_t published = ~uint64_t{0};
+  auto next_dump_check = std::chrono::steady_clock::now() + kFlightDumpPollInterval;
   std::unique_lock<std::mutex> lock(mu);
   while (!stop) {
     uint64_t now = started.load();
-    if (now != published) {
+    const bool check_dump =
+        recorder && !flight_dumped && std::chrono::steady_clock::now() >= next_dump_check;
+    if (now != published || check_dump) {
       lock.unlock();
       try {
-        monitor_store->set(key, std::to_string(now));
-        published = now;
+        if (now != published) {
+          monitor_store->set(key, std::to_string(now));
+          published = now;
+        }
+        if (check_dump) {
+          next_dump_check = std::chrono::steady_clock::now() + kFlightDumpPollInterval;
+          answer_dump_request();
+        }
       } catch (const std::exception&) {
         // The store host (rank 0) is gone or slow; diagnostics degrade, collectives do not.
       }
@@ -229,6 +245,14 @@ void ProcessGroupGloo::State::publisher_loop() {
   }
   publisher_exited = true;
   cv.notify_all();
+}
+
+void ProcessGroupGloo::State::answer_dump_request() {
+  const std::string path = answer_flight_dump_request(*monitor_store, *recorder);
+  if (path.empty() || flight_dumped.exchange(true)) return;
+  std::cerr << "ProcessGroupGloo '" << name << "': rank " << rank
+            << " dumped its flight recorder to " << path << " at another rank's request"
+            << std::endl;
 }
 
 std::string ProcessGroupGloo::State::arrivals(const std::string& what, uint64_t seq,
@@ -277,8 +301,10 @@ std::string ProcessGroupGloo::State::describe(const std::string& what, uint64_t 
   // The recorder's view of this rank, next to the counters of the others: the input of
   // tools/flight_merge.py.
   if (recorder) {
-    const std::string path =
-        recorder->dump(what + " seq " + std::to_string(seq) + ": " + cause, peers);
+    const std::string reason = what + " seq " + std::to_string(seq) + ": " + cause;
+    flight_dumped = true;
+    request_flight_dumps(*monitor_store, rank, reason);  // the other ranks dump their view too
+    const std::string path = recorder->dump(reason, peers);
     if (!path.empty()) os << " Flight recorder dump: " << path << ".";
   }
   os << " The group cannot be used any more: let the error end the process (a non-zero exit "
@@ -309,7 +335,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   // monitor opens its own connection when it can (a PrefixStore hides its base's address).
   std::shared_ptr<Store> monitor_base = store;
   if (auto tcp = std::dynamic_pointer_cast<TCPStore>(store))
-    monitor_base = std::make_shared<TCPStore>(tcp->host(), tcp->port(), false, tcp->timeout());
+    monitor_base =
+        std::make_shared<TCPStore>(tcp->host(), tcp->port(), false, tcp->timeout(), tcp->token());
   st.store = std::make_shared<PrefixStore>(st.name, std::move(store));
   st.monitor_store = std::make_shared<PrefixStore>(st.name, std::move(monitor_base));
   init_flight_recorder(st.name);

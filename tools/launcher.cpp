@@ -9,6 +9,18 @@
 //                              the first one wins)
 //   round<N>/succeeded         counter of nodes whose workers all exited 0
 //   exited                     counter of agents done with the store; node 0 waits for it
+//   worker_token               the workers' store token, drawn by node 0 (see Tokens below)
+//
+// Tokens (docs/store.md, "Security model"). Anyone who can reach a store without a token can
+// write to it, and a write of roundN/failed ends the job. So:
+//   - the job store requires DDPLAB_STORE_TOKEN from ddprun's environment. A multi-node job
+//     must have it (the same secret on every node: only a secret known beforehand can let the
+//     agents of other machines in); a single node without it draws a random one, as nobody else
+//     needs to connect;
+//   - the workers' store (hosted by rank 0 on each round's MASTER_PORT) always gets a fresh
+//     random token, drawn by node 0, passed to the other agents through the job store and to
+//     every worker as DDPLAB_STORE_TOKEN: even on one machine, a store on 127.0.0.1 is open to
+//     every local user.
 //
 // Hangs. A rank that stops making progress (deadlocked, stuck in I/O, SIGSTOPped) does not exit:
 // its peers' collectives time out and *they* exit, so the first failure names a rank that only
@@ -79,6 +91,36 @@ Ms seconds(double s) {
   return Ms(static_cast<int64_t>(s * 1000));
 }
 
+// 128 random bits from the kernel, as 32 hex digits (printable, so it fits an env variable).
+std::string random_token() {
+  unsigned char bytes[16];
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  DDP_CHECK(urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes),
+            "ddprun: cannot read /dev/urandom to make a store token");
+  std::string hex;
+  for (unsigned char b : bytes) {
+    const char* digits = "0123456789abcdef";
+    hex += digits[b >> 4];
+    hex += digits[b & 15];
+  }
+  return hex;
+}
+
+// The job store's token (see Tokens at the top).
+std::string job_store_token(const LaunchConfig& cfg) {
+  const char* v = std::getenv("DDPLAB_STORE_TOKEN");
+  if (v != nullptr && *v != '\0') return v;
+  DDP_CHECK(cfg.nnodes == 1, "ddprun: a job of "
+                                 << cfg.nnodes
+                                 << " nodes needs a store token shared by every node, or anyone "
+                                    "who reaches "
+                                 << cfg.master_addr << ":" << cfg.master_port
+                                 << " could end it; set the same DDPLAB_STORE_TOKEN on every "
+                                    "node, e.g. export DDPLAB_STORE_TOKEN=$(od -An -tx1 -N16 "
+                                    "/dev/urandom | tr -d ' \\n')");
+  return random_token();
+}
+
 class Agent {
  public:
   explicit Agent(const LaunchConfig& cfg)
@@ -128,7 +170,7 @@ class Agent {
   void connect() {
     bool host = cfg_.node_rank == 0;
     store_ = std::make_unique<TCPStore>(cfg_.master_addr, cfg_.master_port, host,
-                                        seconds(cfg_.rdzv_timeout_s));
+                                        seconds(cfg_.rdzv_timeout_s), job_store_token(cfg_));
     std::string me = std::to_string(::getpid()) + "@" + std::to_string(cfg_.node_rank);
     std::string node_key = prefix_ + "node" + std::to_string(cfg_.node_rank);
     DDP_CHECK(string_cas(node_key, me) == me, "another ddprun already joined run '"
@@ -139,6 +181,8 @@ class Agent {
     DDP_CHECK(agreed == nproc, "this node has --nproc-per-node " << nproc << " but another has "
                                                                  << agreed
                                                                  << "; all nodes must agree");
+    if (host) store_->set(prefix_ + "worker_token", random_token());
+    worker_token_ = store_->get_string(prefix_ + "worker_token");
   }
 
   std::string string_cas(const std::string& k, const std::string& desired) {
@@ -199,6 +243,7 @@ class Agent {
       env["TORCHELASTIC_RESTART_COUNT"] = env["DDPLAB_RESTART_COUNT"] = std::to_string(round);
       env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(cfg_.max_restarts);
       env["TORCHELASTIC_RUN_ID"] = cfg_.run_id;
+      env["DDPLAB_STORE_TOKEN"] = worker_token_;  // rank 0's store lets only this job's workers in
       if (!report_dir_.empty()) env["DDPLAB_ERROR_FILE"] = report_file(round, rank);
       // Flight-recorder dumps next to the logs, where one looks after a failure.
       if (!cfg_.log_dir.empty() && !std::getenv("DDPLAB_FLIGHT_RECORDER_DIR"))
@@ -319,6 +364,7 @@ class Agent {
   const LaunchConfig& cfg_;
   std::string prefix_;
   std::unique_ptr<TCPStore> store_;
+  std::string worker_token_;  // DDPLAB_STORE_TOKEN of the workers (see Tokens at the top)
   WorkerGroup group_;
   std::string report_dir_;  // the workers' hang reports (DDPLAB_ERROR_FILE), removed at exit
 };

@@ -66,11 +66,19 @@ std::string Store::get_string(const std::string& key) {
 
 // --- TCPStore ------------------------------------------------------------------------------
 
-TCPStore::TCPStore(std::string host, int port, bool is_server, std::chrono::milliseconds timeout)
-    : Store(timeout), host_(std::move(host)), port_(port), token_(env_token()) {
+TCPStore::TCPStore(std::string host, int port, bool is_server, std::chrono::milliseconds timeout,
+                   std::optional<std::string> token)
+    : Store(timeout),
+      host_(std::move(host)),
+      port_(port),
+      token_(token ? std::move(*token) : env_token()) {
+  DDP_CHECK(token_.size() <= protocol::kMaxTokenBytes,
+            "TCPStore: a store token of " << token_.size() << " bytes exceeds the limit of "
+                                          << protocol::kMaxTokenBytes);
   if (is_server) {
+    auto options = StoreServerOptions::from_environment();
     try {
-      server_ = std::make_unique<TCPStoreServer>(host_, port_, token_);
+      server_ = std::make_unique<TCPStoreServer>(host_, port_, token_, options);
     } catch (const Error& e) {
       DDP_FAIL("TCPStore: " << e.what() << " (is another job's store on this port?)");
     }

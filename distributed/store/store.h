@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,11 +58,13 @@ class Store {
 
 // A TCP client of a TCPStoreServer; with is_server it also hosts the server in this process.
 // Thread-safe: one request at a time per TCPStore object. The token defaults to the env var
-// DDPLAB_STORE_TOKEN (empty when unset); client and server must agree.
+// DDPLAB_STORE_TOKEN (empty when unset); client and server must agree. A server with a token
+// serves only clients that present it (docs/store.md, "Security model").
 class TCPStore : public Store {
  public:
   TCPStore(std::string host, int port, bool is_server = false,
-           std::chrono::milliseconds timeout = kDefaultStoreTimeout);
+           std::chrono::milliseconds timeout = kDefaultStoreTimeout,
+           std::optional<std::string> token = std::nullopt);
   ~TCPStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
@@ -79,6 +82,10 @@ class TCPStore : public Store {
   const std::string& host() const { return host_; }
   // The server's port (the one picked when constructed with port 0 and is_server).
   int port() const { return port_; }
+  // The token this client presents (and its server, if it hosts one, requires).
+  const std::string& token() const { return token_; }
+  // The hosted server's counters; null when this client hosts no server.
+  const TCPStoreServer* server() const { return server_.get(); }
 
  private:
   // Sends one request frame and returns the reply payload (status byte stripped). A timeout

@@ -8,9 +8,13 @@
 //   hang-first R DIR     join init_process_group (Gloo) and all-reduce 3 times; on restart 0
 //                        rank R stops itself (SIGSTOP) before the second, so the others time
 //                        out; on later restarts every rank finishes and writes DIR/done.RANK
+//   guard DIR            rank 0 hosts the workers' TCPStore on MASTER_PORT (token from ddprun),
+//                        writes "PORT TOKEN" to DIR/guard, waits (10 s at most) for DIR/go, and
+//                        exits 0 unless someone set the key "intruder"
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -116,6 +120,19 @@ int hang_first(int hang_rank, const std::string& dir) {
   return 0;
 }
 
+int guard(const std::string& dir) {
+  using namespace std::chrono_literals;
+  ddplab::distributed::TCPStore store(env("MASTER_ADDR"), std::atoi(env("MASTER_PORT").c_str()),
+                                      /*is_server=*/true, 10s);
+  {
+    std::ofstream tmp(dir + "/guard.tmp");
+    tmp << store.port() << " " << env("DDPLAB_STORE_TOKEN") << "\n";
+  }
+  std::rename((dir + "/guard.tmp").c_str(), (dir + "/guard").c_str());
+  for (int i = 0; i < 100 && !std::ifstream(dir + "/go"); ++i) std::this_thread::sleep_for(100ms);
+  return store.check({"intruder"}) ? 3 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +143,7 @@ int main(int argc, char** argv) {
     if (mode == "sleep" && argc > 2) return sleep_forever(argv[2]);
     if (mode == "meet" && argc > 2) return meet(argv[2]);
     if (mode == "hang-first" && argc > 3) return hang_first(std::atoi(argv[2]), argv[3]);
+    if (mode == "guard" && argc > 2) return guard(argv[2]);
   } catch (const std::exception& e) {
     std::cerr << "fake_worker: " << e.what() << std::endl;
     return 2;

@@ -57,6 +57,20 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+// A fresh folder for the forked ranks' flight-recorder dumps (DDPLAB_FLIGHT_RECORDER_DIR, which
+// they inherit) and the command that merges them (tools/flight_merge.py, path in FLIGHT_MERGE).
+struct DumpFolder {
+  TempDir dir;
+  EnvGuard guard{{"DDPLAB_FLIGHT_RECORDER_DIR"}};
+  std::string merge_cmd;
+  DumpFolder() {
+    const char* merge = std::getenv("FLIGHT_MERGE");
+    REQUIRE_MESSAGE(merge != nullptr, "FLIGHT_MERGE is not set; run through meson test");
+    setenv("DDPLAB_FLIGHT_RECORDER_DIR", dir.path.c_str(), 1);
+    merge_cmd = std::string("python3 ") + merge + " " + dir.path.string();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("flight recorder: a ring of the last N collectives with their states") {
@@ -95,12 +109,9 @@ TEST_CASE("flight recorder: a ring of the last N collectives with their states")
 TEST_CASE(
     "a stopped rank: the others time out naming collective, seq and rank; the merged "
     "flight-recorder dumps show it behind") {
-  const char* merge = std::getenv("FLIGHT_MERGE");
-  REQUIRE_MESSAGE(merge != nullptr, "FLIGHT_MERGE is not set; run through meson test");
-  TempDir dir;
-  EnvGuard guard({"DDPLAB_FLIGHT_RECORDER_DIR"});
-  setenv("DDPLAB_FLIGHT_RECORDER_DIR", dir.path.c_str(), 1);  // inherited by the forked ranks
-  const std::string merge_cmd = std::string("python3 ") + merge + " " + dir.path.string();
+  DumpFolder dumps;
+  const TempDir& dir = dumps.dir;
+  const std::string& merge_cmd = dumps.merge_cmd;
   run_ranks(3, [&](int rank, int w, const std::shared_ptr<TCPStore>& store) {
     auto pg = make_group(rank, w, store, 3s);
     Tensor x = ops::ones({1000});
@@ -138,6 +149,51 @@ TEST_CASE(
              table);
       EXPECT(contains(table, "First disagreement at seq 2 (all_reduce): rank 2 behind."), table);
       EXPECT(contains(table, "broadcast completed"), table);
+    }
+  });
+}
+
+TEST_CASE(
+    "a rank that stops taking part but is not stopped dumps its flight recorder when another "
+    "rank's collective times out") {
+  DumpFolder dumps;
+  const TempDir& dir = dumps.dir;
+  const std::string& merge_cmd = dumps.merge_cmd;
+  auto dump_of = [&](int rank) {
+    return dir.path / ("flight_test_rank" + std::to_string(rank) + ".jsonl");
+  };
+  run_ranks(3, [&](int rank, int w, const std::shared_ptr<TCPStore>& store) {
+    auto pg = make_group(rank, w, store, 3s);
+    Tensor x = ops::ones({1000});
+    pg->broadcast(x, 1)->wait();  // seq 0
+    pg->all_reduce(x)->wait();    // seq 1
+    if (rank == 2) {
+      // Busy elsewhere (as if stuck loading data): never issues seq 2, never times out itself.
+      // Only the others' request can make it dump.
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!fs::exists(dump_of(2)) && std::chrono::steady_clock::now() - t0 < 12s)
+        std::this_thread::sleep_for(100ms);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("[dump request] rank 2 dumped %.2f s after it stopped taking part\n", s);
+      EXPECT(fs::exists(dump_of(2)), "rank 2 never dumped its flight recorder");
+      const std::string text = read_file(dump_of(2));
+      EXPECT(contains(text, "\"reason\": \"dump requested by rank "), text);
+      EXPECT(contains(text, "all_reduce seq 2"), text);
+      store_sync(*store, "dumped", rank, w);
+      return;
+    }
+    try {
+      pg->all_reduce(x)->wait();  // seq 2: rank 2 never joins
+    } catch (const Error&) {
+    }
+    store_sync(*store, "dumped", rank, w);  // all three dumps are written
+    if (rank == 0) {
+      int code = 0;
+      const std::string table = run_command(merge_cmd, code);
+      std::printf("%s", table.c_str());
+      EXPECT(code == 0, table);
+      EXPECT(contains(table, "3 of 3 ranks dumped"), table);
+      EXPECT(contains(table, "First disagreement at seq 2 (all_reduce): rank 2 behind."), table);
     }
   });
 }

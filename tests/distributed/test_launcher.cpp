@@ -234,6 +234,8 @@ TEST_CASE("ddprun: SIGTERM and SIGKILL to ddprun leave no worker behind") {
 
 TEST_CASE("ddprun: two nodes on one host form one job of 4 ranks") {
   TempDir dir;
+  ddplab::testing::EnvGuard guard({"DDPLAB_STORE_TOKEN"});
+  setenv("DDPLAB_STORE_TOKEN", "shared-by-both-nodes", 1);  // a multi-node job needs one
   std::string port = std::to_string(ddplab::distributed::net::pick_free_port("127.0.0.1"));
   auto node = [&](int rank) {
     return std::vector<std::string>{
@@ -257,6 +259,8 @@ TEST_CASE("ddprun: two nodes on one host form one job of 4 ranks") {
 }
 
 TEST_CASE("ddprun: a failure on one node restarts, or ends, every node") {
+  ddplab::testing::EnvGuard guard({"DDPLAB_STORE_TOKEN"});
+  setenv("DDPLAB_STORE_TOKEN", "shared-by-both-nodes", 1);
   for (int restarts : {1, 0}) {
     CAPTURE(restarts);
     TempDir dir;
@@ -292,6 +296,49 @@ TEST_CASE("ddprun: a failure on one node restarts, or ends, every node") {
       CHECK(n0.output().find("on node 1; restarts used 0/0") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("ddprun: the job store and the workers' store refuse a client without the token") {
+  TempDir dir;
+  ddplab::testing::EnvGuard guard({"DDPLAB_STORE_TOKEN"});  // unset: ddprun draws the tokens
+  const int port = ddplab::distributed::net::pick_free_port("127.0.0.1");
+  Launch run(
+      {"--master-port", std::to_string(port), need_env("FAKE_WORKER"), "guard", dir.path.string()},
+      dir.path / "out");
+  using ddplab::distributed::TCPStore;
+  // The job store: a client without the token could otherwise write roundN/failed and end the job.
+  CHECK_THROWS_WITH_AS(TCPStore("127.0.0.1", port, false, 10s, std::string()),
+                       doctest::Contains("store token mismatch"), ddplab::Error);
+  // The workers' store, and the token the worker got from ddprun.
+  for (int i = 0; i < 100 && !fs::exists(dir.path / "guard"); ++i)
+    std::this_thread::sleep_for(100ms);
+  std::istringstream guard_file(read_file(dir.path / "guard"));
+  int worker_port = 0;
+  std::string token;
+  guard_file >> worker_port >> token;
+  CHECK(token.size() == 32);
+  CHECK(token.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK_THROWS_WITH_AS(TCPStore("127.0.0.1", worker_port, false, 5s, std::string()),
+                       doctest::Contains("store token mismatch"), ddplab::Error);
+  CHECK_THROWS_AS(TCPStore("127.0.0.1", worker_port, false, 5s, std::string(32, '0')),
+                  ddplab::Error);
+  std::ofstream(dir.path / "go") << "\n";
+  CHECK_MESSAGE(run.wait() == 0, run.output());  // nobody could set "intruder" or end the job
+}
+
+TEST_CASE("ddprun: a multi-node job without DDPLAB_STORE_TOKEN is refused on every node") {
+  TempDir dir;
+  ddplab::testing::EnvGuard guard({"DDPLAB_STORE_TOKEN"});
+  for (int rank : {0, 1}) {
+    Launch run({"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-port", "29999",
+                need_env("FAKE_WORKER"), "env", dir.path.string()},
+               dir.path / ("out" + std::to_string(rank)));
+    CHECK(run.wait() == 1);
+    CHECK_MESSAGE(run.output().find("a job of 2 nodes needs a store token shared by every node") !=
+                      std::string::npos,
+                  run.output());
+  }
+  CHECK_FALSE(fs::exists(dir.path / "env.0"));  // no worker was started
 }
 
 TEST_CASE("ddprun: --nproc-per-node auto and gpu") {
