@@ -13,7 +13,9 @@
 // data::Sampler (give each rank its share). Every line that single-process training would not
 // need is marked `// DDP:`; setup_distributed() joins the job. Gradient accumulation
 // (--accumulation-steps), clipping (--clip-grad-norm) and loss scaling (--grad-scaler) sit
-// between backward and the optimizer step. See docs/training.md.
+// between backward and the optimizer step. See docs/training.md. Fault tolerance (checkpoints,
+// resume, rollback) lives in train_checkpoint.{h,cpp}: the loop calls it after each step and
+// each epoch (docs/checkpoints.md).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -78,7 +80,7 @@ struct Config {
   std::string init_from, save, metrics;
   int num_workers = 2;
   int64_t subset = 0;
-  int64_t test_subset = 0;  // evaluate on the first N test examples (0: all)
+  int64_t test_subset = 0;         // evaluate on the first N test examples (0: all)
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0;       // 0: no clipping
   double grad_norm_warn = 10;      // 0: no warning

@@ -112,19 +112,22 @@ Checkpointing::Checkpointing(CheckpointOptions options,
       pg_(std::move(pg)),
       restart_count_(distributed::launch_env_from_environment().restart_count) {
   if (options_.dir.empty()) return;
-  // The manager removes the *.tmp of a save a crash interrupted; say so, for the log of the job.
-  std::vector<std::string> stale;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
-    if (e.path().extension() == ".tmp") stale.push_back(e.path().string());
-  }
-  manager_ = std::make_unique<nn::CheckpointManager>(options_.dir, options_.keep);
+  // The manager removes the *.tmp of a save a crash interrupted. Rank 0 does it first and says
+  // so, for the job's log; the others wait, and then find nothing left to remove.
   if (main_rank()) {
+    std::vector<std::string> stale;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
+      if (e.path().extension() == ".tmp") stale.push_back(e.path().string());
+    }
+    manager_ = std::make_unique<nn::CheckpointManager>(options_.dir, options_.keep);
     for (const auto& f : stale) {
       std::printf("checkpoint: removed %s (a save interrupted by a crash; never loaded)\n",
                   f.c_str());
     }
   }
+  if (pg_) pg_->barrier()->wait();
+  if (!manager_) manager_ = std::make_unique<nn::CheckpointManager>(options_.dir, options_.keep);
 }
 
 int64_t Checkpointing::broadcast_from_rank0(int64_t value) const {

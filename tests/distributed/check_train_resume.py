@@ -154,7 +154,7 @@ def case_unwritable(ddprun, train, tmp):
         if stop:
             if proc.returncode != 1 or "stopped: the checkpoint of step" not in out:
                 raise SystemExit("--stop-on-save-error: exit %d, expected 1" % proc.returncode)
-        elif proc.returncode != 0 or "epoch 1: train loss" not in out:
+        elif proc.returncode != 0 or "epoch 0: train loss" not in out:
             raise SystemExit("the run did not go on after the failed save")
         first = os.path.join(d + ".old", "ckpt-step000002.safetensors")
         out = run([train] + one_process(tmp, name + "2", 2) + ["--resume", first])
