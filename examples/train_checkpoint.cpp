@@ -147,8 +147,11 @@ std::optional<nn::CheckpointManager::Loaded> Checkpointing::find_resume() {
     }
   }
   if (mode == "none" || (mode == "auto" && !enabled())) return std::nullopt;
+  // After a restart the run's own newest checkpoint comes first even when the first launch
+  // started from a given FILE: FILE again would silently throw away what the run did since.
+  const bool look_in_dir = mode == "auto" || (restart_count_ > 0 && enabled());
   std::optional<nn::CheckpointManager::Loaded> resumed;
-  if (mode == "auto") {
+  if (look_in_dir) {
     // Rank 0 chooses (reporting each newer file it had to skip and why); the others load the
     // same step, so every rank starts from one file even if they could see different ones.
     int64_t step = -1;
@@ -161,20 +164,22 @@ std::optional<nn::CheckpointManager::Loaded> Checkpointing::find_resume() {
       const std::string path = manager_->path_for_step(step);
       resumed = nn::CheckpointManager::Loaded{path, nn::load_checkpoint(path)};
     }
-    if (!resumed && main_rank()) {
+    if (!resumed && mode == "auto" && main_rank()) {
       std::printf("resume: no valid checkpoint in %s: starting at step 0\n", options_.dir.c_str());
     }
-  } else {
+  }
+  if (!resumed && mode != "auto") {
     resumed = nn::CheckpointManager::Loaded{mode, nn::load_checkpoint(mode)};
   }
   if (resumed && main_rank()) {
     const auto& d = resumed->state.part("data").meta;
-    std::printf(
-        "resumed from step %lld (epoch %lld, batch %lld) of checkpoint %s%s\n",
-        static_cast<long long>(resumed->state.step),
-        static_cast<long long>(d.at("epoch").get<int64_t>()),
-        static_cast<long long>(d.at("batches_yielded").get<int64_t>()), resumed->path.c_str(),
-        restart_count_ > 0 ? (" (restart " + std::to_string(restart_count_) + ")").c_str() : "");
+    const std::string restart =
+        restart_count_ > 0 ? " (restart " + std::to_string(restart_count_) + ")" : "";
+    std::printf("resumed from step %lld (epoch %lld, batch %lld) of checkpoint %s%s\n",
+                static_cast<long long>(resumed->state.step),
+                static_cast<long long>(d.at("epoch").get<int64_t>()),
+                static_cast<long long>(d.at("batches_yielded").get<int64_t>()),
+                resumed->path.c_str(), restart.c_str());
     std::fflush(stdout);
   }
   return resumed;

@@ -10,7 +10,8 @@ kill_in_write: rank 0 dies between writing a checkpoint's temporary file (half o
 corrupt:       a flipped data byte, a flipped header byte, a truncation of the newest checkpoint:
                --resume auto says which file and why, and resumes from the previous one.
 unwritable:    the checkpoint folder replaced by a file mid-run: errors, the run goes on (exit 0);
-               with --stop-on-save-error it stops (exit 1); the earlier checkpoints load.
+               with --stop-on-save-error (2 ranks) the job stops (exit 1); the earlier
+               checkpoints load.
 rollback:      2 ranks, an accuracy drop planted at epoch 1: rollback to best.safetensors, whose
                model tensors the final --save equals.
 paths:         a missing folder for --save, --metrics or --checkpoint-dir: exit 2 at once,
@@ -145,7 +146,10 @@ def case_unwritable(ddprun, train, tmp):
     for stop in (False, True):
         name = "s" if stop else "u"
         d = os.path.join(tmp, name)
-        args = [train] + one_process(tmp, name, 8) + (["--stop-on-save-error"] if stop else [])
+        if stop:  # 2 ranks: rank 0's failed save must stop rank 1 too, not leave it waiting
+            args = ddprun_cmd(ddprun, train, one_process(tmp, name, 8) + ["--stop-on-save-error"])
+        else:
+            args = [train] + one_process(tmp, name, 8)
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         swap_dir_for_file_when(d, os.path.join(d, "ckpt-step000002.safetensors"), proc)
         out = proc.communicate(timeout=120)[0]
