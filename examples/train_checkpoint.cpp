@@ -2,14 +2,12 @@
 #include "examples/train_checkpoint.h"
 
 #include <signal.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -23,7 +21,8 @@ namespace ddplab::train {
 
 namespace {
 
-// A non-negative integer from the environment, or -1 when unset (or not a number).
+// The integer of an environment variable ("5", or the "5" of "5:1"), or -1 when unset or not a
+// number.
 int64_t env_int(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return -1;
@@ -32,7 +31,7 @@ int64_t env_int(const char* name) {
   return *end == '\0' || *end == ':' ? x : -1;
 }
 
-// The text after the ':' of "A:B" in the environment, or -1.
+// The integer after the ':' of an environment variable "A:B", or `fallback` without a ':'.
 int64_t env_int_after_colon(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   const char* colon = v ? std::strchr(v, ':') : nullptr;
