@@ -8,7 +8,8 @@ kill:          2 ranks, --deterministic, one rank SIGKILLed after a random step 
 kill_in_write: rank 0 dies between writing a checkpoint's temporary file (half of it) and the
                rename: the restart removes the .tmp, resumes from the one before, ends the same.
 corrupt:       a flipped data byte, a flipped header byte, a truncation of the newest checkpoint:
-               --resume auto says which file and why, and resumes from the previous one.
+               --resume auto says which file and why, and resumes from the previous one; after
+               a restart the folder's newest valid checkpoint wins over --resume FILE.
 unwritable:    the checkpoint folder replaced by a file mid-run: errors, the run goes on (exit 0);
                with --stop-on-save-error (2 ranks) the job stops (exit 1); the earlier
                checkpoints load.
@@ -128,6 +129,13 @@ def case_corrupt(ddprun, train, tmp):
         expect(out, "skipping " + newest, "resumed from step 4 ")
         if what == "data byte":
             expect(out, "CRC")
+    # A launcher's restart prefers the run's own newest valid checkpoint (step 6, which the last
+    # resumed run rewrote) to --resume FILE (FILE again would throw away what the run did since).
+    first = os.path.join(d, "ckpt-step000002.safetensors")
+    out = run([train] + one_process(tmp, "c", 6) + ["--resume", first],
+              env={"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "1"})
+    print("--- restart with --resume FILE:\n" + out)
+    expect(out, "resumed from step 6 ", "(restart 1)")
 
 
 def swap_dir_for_file_when(d, ready_file, proc):
