@@ -13,7 +13,9 @@
 // data::Sampler (give each rank its share). Every line that single-process training would not
 // need is marked `// DDP:`; setup_distributed() joins the job. Gradient accumulation
 // (--accumulation-steps), clipping (--clip-grad-norm) and loss scaling (--grad-scaler) sit
-// between backward and the optimizer step. See docs/training.md.
+// between backward and the optimizer step. See docs/training.md. Fault tolerance (checkpoints,
+// resume, rollback) lives in train_checkpoint.{h,cpp}: the loop calls it after each step and
+// each epoch (docs/checkpoints.md).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -40,8 +42,10 @@
 #include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
 #include "examples/cli_config.h"
+#include "examples/train_checkpoint.h"
 #include "models/models.h"
 #include "nn/autocast.h"
+#include "nn/checkpoint.h"
 #include "nn/functional.h"
 #include "nn/module.h"
 #include "nn/sync_batchnorm.h"
@@ -79,6 +83,7 @@ struct Config {
   int num_workers = 2;
   int64_t subset = 0;
   bool any_record_count = false;   // CIFAR files of any size (small files made for tests)
+  int64_t test_subset = 0;         // evaluate on the first N test examples (0: all)
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step
   double clip_grad_norm = 0;       // 0: no clipping
   double grad_norm_warn = 10;      // 0: no warning
@@ -86,6 +91,8 @@ struct Config {
   bool grad_scaler = false;
   double collective_timeout = 0;  // seconds; 0: DDPLAB_COLLECTIVE_TIMEOUT, else 30 min
   std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
+  bool deterministic = false;
+  train::CheckpointOptions checkpoint;  // --checkpoint-*, --resume, --rollback-* (fault tolerance)
 };
 
 // Checks the flags that CLI11 cannot check alone, before any data is loaded; returns an error
@@ -122,8 +129,56 @@ std::string validate(const Config& c) {
   } else if (!(c.collective_timeout >= 0)) {
     err << "--collective-timeout must be >= 0 seconds (got " << c.collective_timeout
         << "); 0 takes DDPLAB_COLLECTIVE_TIMEOUT, else 30 minutes";
+  } else {
+    return train::validate(c.checkpoint);
   }
   return err.str();
+}
+
+// Every output path, checked before any data is loaded so that a typo fails at once, not after
+// an epoch (or never: an ofstream on a missing folder writes nothing). Exits 2 naming the flag.
+void check_output_paths(const Config& c) {
+  try {
+    if (!c.save.empty()) nn::check_output_file(c.save, "--save");
+    if (!c.metrics.empty()) nn::check_output_file(c.metrics, "--metrics");
+    if (!c.checkpoint.dir.empty()) {
+      nn::check_output_dir(c.checkpoint.dir, "--checkpoint-dir", /*create=*/true);
+    }
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    std::exit(2);
+  }
+}
+
+// --deterministic: the same bits on every run of the same command on the same machine. The
+// kernels' reductions (ours and oneDNN's) split work by thread count, so it must not change
+// during the run or between a run and its resumption; data order and augmentation are already
+// pure functions of (seed, epoch, index) whatever --num-workers is.
+void make_deterministic(const Config& c, bool main_rank) {
+  const int threads = c.threads > 0 ? c.threads : get_num_threads();
+  set_num_threads(threads);
+  if (const char* dyn = std::getenv("OMP_DYNAMIC");
+      dyn && std::string(dyn) != "false" && main_rank) {
+    std::printf("warning: --deterministic with OMP_DYNAMIC=%s: the thread count may vary\n", dyn);
+  }
+  if (main_rank) {
+    std::printf("deterministic: %d threads per rank%s\n", threads,
+                c.device == "cpu" ? "" : " (bitwise reproducibility is checked on the CPU only)");
+  }
+}
+
+// Writes the effective config as `config.toml` into each output folder given (empty: skipped),
+// so that the run's checkpoints and logs say how they were made. The folders were checked at
+// start; a failure here is reported, not fatal: the run itself does not depend on the copy.
+void save_config(const std::string& toml, const std::vector<std::string>& dirs) {
+  for (const std::string& dir : dirs) {
+    if (dir.empty()) continue;
+    const std::string path = dir + "/config.toml";
+    std::ofstream f(path);
+    f << toml;
+    f.close();
+    if (!f) std::fprintf(stderr, "warning: could not write %s\n", path.c_str());
+  }
 }
 
 // --- data ------------------------------------------------------------------------------------
@@ -374,6 +429,8 @@ int main(int argc, char** argv) {
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
   app.add_flag("--any-record-count", c.any_record_count,
                "CIFAR: accept files with other than the official record counts (test files)");
+  app.add_option("--test-subset", c.test_subset,
+                 "evaluate on the first N test examples only (quick runs, tests)");
   app.add_option("--accumulation-steps", c.accumulation_steps,
                  "micro-batches of --batch-size per optimizer step (DDP: one all-reduce per step)")
       ->capture_default_str();
@@ -390,6 +447,9 @@ int main(int argc, char** argv) {
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
   app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
       ->check(CLI::IsMember({"bf16", "fp16"}));
+  app.add_flag("--deterministic", c.deterministic,
+               "bitwise reproducible CPU training (fixed thread count; docs/checkpoints.md)");
+  train::add_checkpoint_flags(app, c.checkpoint);
   cli::add_config_option(app);  // --config FILE: the same keys in JSON or TOML
   // CLI11 would only list an unknown flag; name the nearest known one too.
   if (const auto unknown = cli::unknown_flags(app, argc, argv); !unknown.empty()) {
@@ -408,6 +468,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string config_toml = cli::effective_config(app);
+  check_output_paths(c);
 
   try {
     if (c.threads > 0) set_num_threads(c.threads);
@@ -421,11 +482,16 @@ int main(int argc, char** argv) {
     const auto& pg = dist.pg;                             // DDP:
     const int world = dist.world;                         // DDP:
     const bool main_rank = dist.main_rank;                // DDP:
+    if (c.deterministic) make_deterministic(c, main_rank);
     manual_seed(c.seed);
-    if (main_rank) {  // DDP: rank 0 prints
+    if (main_rank) {  // DDP: rank 0 prints and saves
       // Every flag's value, defaults included: saved as a file, `--config FILE` repeats the run.
       std::printf("effective config:\n%s", config_toml.c_str());
+      save_config(config_toml, {c.checkpoint.dir});
     }
+    // Fault tolerance: the checkpoint to resume from (every rank the same), before data loads.
+    train::Checkpointing checkpointing(c.checkpoint, pg);
+    const auto resumed = checkpointing.find_resume();
 
     // Data.
     Data d = load_data(c);
@@ -450,6 +516,10 @@ int main(int argc, char** argv) {
     data::DataLoader train_loader(d.train, train_opts);
     data::DataLoaderOptions test_opts = train_opts;
     test_opts.sampler = nullptr;
+    if (c.test_subset > 0) {
+      test_opts.sampler = std::make_shared<data::ListSampler>(
+          first_n(std::min<int64_t>(c.test_subset, d.test->size())));
+    }
     test_opts.batch_size = std::max<int64_t>(c.batch_size, 256);
     data::DataLoader test_loader(d.test, test_opts);
 
@@ -457,6 +527,7 @@ int main(int argc, char** argv) {
     const Shape sample = d.train->sample_shape();  // [C, H, W]
     auto net = models::create(c.model, d.train->num_classes(), sample[0], sample[1]);
     if (!c.init_from.empty()) nn::load(*net, c.init_from);
+    if (resumed) train::Checkpointing::restore_model(*net, resumed->state);
     net->to(device);
     if (c.sync_bn && pg) {  // DDP: batch statistics over the whole global batch; before wrapping
       net = nn::convert_sync_batchnorm(net, pg);
@@ -507,29 +578,35 @@ int main(int argc, char** argv) {
     scaler_options.enabled = c.grad_scaler || c.amp == "fp16";
     optim::GradScaler scaler(scaler_options, pg);
     const std::vector<Tensor> params = model.parameters();
-    double grad_norm = 0;
-    int64_t skipped_steps = 0;
+
+    // Fault tolerance: what a checkpoint holds, and the loop's counters it carries along.
+    train::Trainables trainables{*net, opt, *sched, scaler, train_loader};
+    train::LoopState loop;
+    if (resumed) checkpointing.restore(trainables, loop, resumed->state);
 
     std::ofstream metrics;
-    if (!c.metrics.empty()) metrics.open(c.metrics, std::ios::app);
+    if (!c.metrics.empty()) {
+      metrics.open(c.metrics, std::ios::app);
+      if (!metrics) throw Error("--metrics: cannot open '" + c.metrics + "' for appending");
+    }
     Progress bar;
-    int64_t step = 0;
+    const int64_t first_step = loop.step;  // > 0 when resumed: the ETA counts this run's steps
     const auto run_start = Clock::now();
-    for (int epoch = 0; epoch < c.epochs && step < total_steps; ++epoch) {
+    for (int epoch = static_cast<int>(loop.epoch); epoch < c.epochs && loop.step < total_steps;
+         ++epoch) {
+      loop.begin_epoch(epoch);  // zeroed counters (kept when resuming within this epoch)
       train_loader.set_epoch(epoch);
       if (dist_sampler) dist_sampler->set_epoch(epoch);  // DDP: same new shuffle on every rank
       model.train();
       const auto epoch_start = Clock::now();
-      double loss_sum = 0;
-      int64_t correct = 0, seen = 0, epoch_steps = 0;
-      int64_t micro = 0;  // micro-batches of this epoch so far
+      const int64_t seen_before = loop.seen;  // examples of this epoch a resumed run did not see
       for (auto& batch : train_loader) {
         // This micro-batch's accumulation group: which micro-batches it spans, and whether this
         // one ends it (and so is followed by the optimizer step).
-        const int64_t group_start = micro / accum * accum;
+        const int64_t group_start = loop.micro / accum * accum;
         const int64_t group_size = std::min(accum, micro_per_epoch - group_start);
-        const bool steps_now = micro - group_start == group_size - 1;
-        ++micro;
+        const bool steps_now = loop.micro - group_start == group_size - 1;
+        ++loop.micro;
         data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
         Tensor logits, loss;
         {
@@ -549,72 +626,81 @@ int main(int argc, char** argv) {
           scaler.scale(to_backward).backward();
         }
         const int64_t n = b.labels.size(0);
-        loss_sum += loss.item<double>() * static_cast<double>(n);
-        correct += std::llround(F::accuracy(logits.detach(), b.labels) * static_cast<double>(n));
-        seen += n;
+        loop.loss_sum += loss.item<double>() * static_cast<double>(n);
+        loop.correct +=
+            std::llround(F::accuracy(logits.detach(), b.labels) * static_cast<double>(n));
+        loop.seen += n;
         if (!steps_now) continue;
 
         // The gradients are now the same on every rank (DDP), so the norm, the clipping and the
         // overflow decision are the same everywhere too.
         scaler.unscale_(opt);  // true gradients for the norm (a no-op without --grad-scaler)
-        grad_norm = optim::clip_grad_norm_(
+        loop.grad_norm = optim::clip_grad_norm_(
             params, c.clip_grad_norm > 0 ? c.clip_grad_norm : optim::kInfNorm);
         const bool stepped = scaler.step(opt);  // false on inf/NaN (only with --grad-scaler)
-        if (!stepped) ++skipped_steps;
+        if (!stepped) ++loop.skipped_steps;
         scaler.update();
         opt.zero_grad();
         sched->step();
-        ++step;
-        ++epoch_steps;
+        ++loop.step;
+        ++loop.epoch_steps;
         // A skipped step's norm is inf by definition: the scaler has dealt with it.
-        if (main_rank && stepped && c.grad_norm_warn > 0 && !(grad_norm <= c.grad_norm_warn)) {
+        if (main_rank && stepped && c.grad_norm_warn > 0 && !(loop.grad_norm <= c.grad_norm_warn)) {
           bar.end_line();  // on a terminal, below the progress line
           std::printf("warning: step %lld: gradient norm %.4g exceeds --grad-norm-warn %g%s\n",
-                      static_cast<long long>(step), grad_norm, c.grad_norm_warn,
+                      static_cast<long long>(loop.step), loop.grad_norm, c.grad_norm_warn,
                       c.clip_grad_norm > 0 ? " (clipped)" : "");
         }
+        checkpointing.after_step(trainables, loop);  // every rank: --checkpoint-every-steps
 
         double secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-        double ips = static_cast<double>(seen) / secs;
+        double ips = static_cast<double>(loop.seen - seen_before) / secs;
         double run_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
-        double eta = run_secs / static_cast<double>(step) * static_cast<double>(total_steps - step);
-        bool last = step >= total_steps || epoch_steps == steps_per_epoch;
+        double eta = run_secs / static_cast<double>(loop.step - first_step) *
+                     static_cast<double>(total_steps - loop.step);
+        bool last = loop.step >= total_steps || loop.epoch_steps == steps_per_epoch;
         if (main_rank) {  // DDP: rank 0 prints (ips * world: the whole job's speed)
-          bar.update(epoch, epoch_steps, steps_per_epoch, loss_sum / static_cast<double>(seen),
-                     static_cast<double>(correct) / static_cast<double>(seen), ips * world, eta,
-                     last);
+          bar.update(epoch, loop.epoch_steps, steps_per_epoch,
+                     loop.loss_sum / static_cast<double>(loop.seen),
+                     static_cast<double>(loop.correct) / static_cast<double>(loop.seen),
+                     ips * world, eta, last);
         }
-        if (step >= total_steps) break;
+        if (loop.step >= total_steps) break;
       }
-      if (!main_rank) continue;  // DDP: rank 0 alone evaluates (the inner model: no communication)
-      bar.end_line();
-      const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-      const double test_acc = evaluate(*net, test_loader, device);
-      const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-      const double train_loss = seen ? loss_sum / static_cast<double>(seen) : 0.0;
-      const double train_acc =
-          seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
-      const double ips = static_cast<double>(seen * world) / train_secs;  // DDP: * world
-      std::printf(
-          "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
-          "%.1f s, lr %.5f\n",
-          epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
-      std::fflush(stdout);
-      if (metrics.is_open()) {
-        nlohmann::json j = {{"epoch", epoch},           {"step", step},
-                            {"train_loss", train_loss}, {"train_acc", train_acc},
-                            {"test_acc", test_acc},     {"images_per_sec", ips},
-                            {"seconds", seconds},       {"grad_norm", grad_norm}};
-        if (c.grad_scaler) {
-          j["loss_scale"] = scaler.get_scale();
-          j["skipped_steps"] = skipped_steps;
+      double test_acc = 0;
+      if (main_rank) {  // DDP: rank 0 alone evaluates (the inner model: no communication)
+        bar.end_line();
+        const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        test_acc = train::planted_accuracy(epoch, evaluate(*net, test_loader, device));
+        const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        const double seen = static_cast<double>(loop.seen);
+        const double train_loss = loop.seen ? loop.loss_sum / seen : 0.0;
+        const double train_acc = loop.seen ? static_cast<double>(loop.correct) / seen : 0.0;
+        const double ips =  // DDP: * world
+            static_cast<double>((loop.seen - seen_before) * world) / train_secs;
+        std::printf(
+            "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
+            "%.1f s, lr %.5f\n",
+            epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
+        std::fflush(stdout);
+        if (metrics.is_open()) {
+          nlohmann::json j = {{"epoch", epoch},           {"step", loop.step},
+                              {"train_loss", train_loss}, {"train_acc", train_acc},
+                              {"test_acc", test_acc},     {"images_per_sec", ips},
+                              {"seconds", seconds},       {"grad_norm", loop.grad_norm}};
+          if (c.grad_scaler) {
+            j["loss_scale"] = scaler.get_scale();
+            j["skipped_steps"] = loop.skipped_steps;
+          }
+          // DDP: rounds of bucket all-reduces so far; with accumulation, equal to "step".
+          if (ddp) j["grad_sync_rounds"] = ddp->reducer().num_synchronized_backwards();
+          metrics << j.dump() << "\n";
+          metrics.flush();
         }
-        // DDP: rounds of bucket all-reduces so far; with accumulation, equal to "step".
-        if (ddp) j["grad_sync_rounds"] = ddp->reducer().num_synchronized_backwards();
-        metrics << j.dump() << "\n";
-        metrics.flush();
       }
-      if (!c.save.empty()) nn::save(*net, c.save);
+      // Every rank: rollback on an accuracy drop, the best and the epoch's checkpoints.
+      checkpointing.after_epoch(trainables, loop, test_acc);
+      if (main_rank && !c.save.empty()) nn::save(*net, c.save);  // atomic: temp file + rename
     }
     if (pg) pg->barrier()->wait();  // DDP: rank 0 hosts the store, so nobody leaves early
     return 0;
