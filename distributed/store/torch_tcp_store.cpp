@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 
 #include "tensor/error.h"
 
@@ -157,14 +158,16 @@ void TorchTCPStore::send(const Bytes& request, Deadline deadline, const std::str
   if (!sent) fail("timed out while " + what);
 }
 
-void TorchTCPStore::recv(void* out, size_t n, Deadline deadline, const std::string& what) {
-  bool got = false;
+bool TorchTCPStore::try_recv(void* out, size_t n, Deadline deadline, const std::string& what) {
   try {
-    got = net::recv_all(conn_.get(), out, n, deadline, where());
+    return net::recv_all(conn_.get(), out, n, deadline, where());
   } catch (const Error& e) {
     fail(std::string(e.what()) + " while " + what);
   }
-  if (!got) fail("timed out while " + what);
+}
+
+void TorchTCPStore::recv(void* out, size_t n, Deadline deadline, const std::string& what) {
+  if (!try_recv(out, n, deadline, what)) fail("timed out while " + what);
 }
 
 int64_t TorchTCPStore::recv_i64(Deadline deadline, const std::string& what) {
@@ -189,13 +192,7 @@ bool TorchTCPStore::wait_locked(const std::vector<std::string>& keys,
   const std::string what = "waiting for " + quoted(keys);
   send(Request(Query::kWait).keys(keys).bytes(), deadline, what);
   uint8_t reply = 0;
-  bool got = false;
-  try {
-    got = net::recv_all(conn_.get(), &reply, 1, deadline, where());
-  } catch (const Error& e) {
-    fail(std::string(e.what()) + " while " + what);
-  }
-  if (got) {
+  if (try_recv(&reply, 1, deadline, what)) {
     if (reply != kWaitDone) fail("unexpected reply " + std::to_string(reply) + " to WAIT");
     return true;
   }
@@ -264,6 +261,7 @@ bool TorchTCPStore::check(const std::vector<std::string>& keys) {
   send(r.bytes(), deadline, "checking " + quoted(keys));
   uint8_t reply = 0;
   recv(&reply, 1, deadline, "checking " + quoted(keys));
+  if (reply > 1) fail("unexpected reply " + std::to_string(reply) + " to CHECK");
   return reply == kCheckReady;
 }
 

@@ -79,6 +79,7 @@ class TorchTCPStore : public Store {
   // a broken connection drops the connection (the next query reconnects) and throws.
   void send(const Bytes& request, Deadline deadline, const std::string& what);
   void recv(void* out, size_t n, Deadline deadline, const std::string& what);
+  bool try_recv(void* out, size_t n, Deadline deadline, const std::string& what);  // false: timeout
   int64_t recv_i64(Deadline deadline, const std::string& what);
   Bytes recv_bytes(Deadline deadline, const std::string& what);
   // WAIT for `keys`; false when `timeout` passed (the wait then cancelled on the server).
