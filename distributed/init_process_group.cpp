@@ -234,15 +234,20 @@ bool record_error_for_launcher(const std::string& message) {
   if (path == nullptr) return false;
   // The shape torchrun reads (torch/distributed/elastic/multiprocessing/errors): it shows
   // extraInfo.py_callstack when present, else the message. We have no Python stack to offer.
-  const nlohmann::json error = {
-      {"message",
-       {{"message", message},
-        {"extraInfo",
-         {{"timestamp", std::to_string(static_cast<long long>(std::time(nullptr)))}}}}}};
-  std::ofstream out(path, std::ios::trunc);
-  out << error.dump() << "\n";
-  out.close();
-  return !out.fail();
+  try {
+    const nlohmann::json error = {
+        {"message",
+         {{"message", message},
+          {"extraInfo",
+           {{"timestamp", std::to_string(static_cast<long long>(std::time(nullptr)))}}}}}};
+    std::ofstream out(path, std::ios::trunc);
+    // A message may quote a file name that is not UTF-8: replace such bytes, JSON must be text.
+    out << error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    out.close();
+    return !out.fail();
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {

@@ -55,10 +55,11 @@ bool have_torch() {
   return ::access(venv_python().c_str(), X_OK) == 0 && std::getenv("TORCH_STORE_SERVER") != nullptr;
 }
 
-// torch_store_server.py in a child process, spoken to through its stdin and stdout.
-class TorchServer {
+// torch_store_server.py in a child process, spoken to through its stdin and stdout: a libuv and
+// a legacy PyTorch store. One for the whole test program (torch takes seconds to import).
+class TorchServers {
  public:
-  explicit TorchServer(const std::string& backend) {
+  TorchServers() {
     ::signal(SIGPIPE, SIG_IGN);  // a dead server must fail the test, not kill it
     int to_child[2], from_child[2];
     REQUIRE(::pipe(to_child) == 0);
@@ -73,19 +74,22 @@ class TorchServer {
       ::dup2(from_child[1], 1);
       ::close(to_child[1]);
       ::close(from_child[0]);
-      ::execl(python.c_str(), python.c_str(), script.c_str(), backend.c_str(), nullptr);
+      ::execl(python.c_str(), python.c_str(), script.c_str(), nullptr);
       ::_exit(127);
     }
     ::close(to_child[0]);
     ::close(from_child[1]);
     in_ = to_child[1];
     out_ = from_child[0];
-    const std::string first = line();  // the port, after importing torch (a few seconds)
-    REQUIRE_MESSAGE((!first.empty() && first.find_first_not_of("0123456789") == std::string::npos),
-                    first);
-    port = std::stoi(first);
+    const std::string first = line();  // "LIBUV_PORT LEGACY_PORT", after importing torch
+    const size_t space = first.find(' ');
+    REQUIRE_MESSAGE(
+        (space != std::string::npos && first.find_first_not_of("0123456789 ") == std::string::npos),
+        first);
+    libuv_port = std::stoi(first.substr(0, space));
+    legacy_port = std::stoi(first.substr(space + 1));
   }
-  ~TorchServer() {
+  ~TorchServers() {
     ::close(in_);  // the script ends at EOF
     ::close(out_);
     int status = 0;
@@ -97,14 +101,14 @@ class TorchServer {
 
   // One command to PyTorch's own client; its one-line answer. Safe in a thread: a server that
   // died or stalled gives an answer that fails the comparison, not an exception.
-  std::string ask(const std::string& command) {
-    const std::string l = command + "\n";
+  std::string ask(const std::string& backend, const std::string& command) {
+    const std::string l = backend + " " + command + "\n";
     if (::write(in_, l.data(), l.size()) != static_cast<ssize_t>(l.size()))
       return "<torch_store_server.py is gone>";
     return line();
   }
 
-  int port = 0;
+  int libuv_port = 0, legacy_port = 0;
 
  private:
   std::string line() {
@@ -123,7 +127,27 @@ class TorchServer {
   int in_ = -1, out_ = -1;
 };
 
-void exercise_every_operation(TorchServer& server) {
+TorchServers& torch_servers() {
+  static TorchServers servers;
+  return servers;
+}
+
+// One of the two stores.
+struct TorchServer {
+  std::string backend;
+  int port;
+  std::string ask(const std::string& command) const {
+    return torch_servers().ask(backend, command);
+  }
+};
+TorchServer libuv_server() {
+  return {"libuv", torch_servers().libuv_port};
+}
+TorchServer legacy_server() {
+  return {"legacy", torch_servers().legacy_port};
+}
+
+void exercise_every_operation(const TorchServer& server) {
   TorchTCPStore store("127.0.0.1", server.port, 10s);
 
   // Values cross both ways between PyTorch's client and ours.
@@ -204,18 +228,16 @@ void exercise_every_operation(TorchServer& server) {
 TEST_CASE("TorchTCPStore: every operation against PyTorch's TCPStore server (libuv and legacy)") {
   DDP_SKIP_IF(!have_torch(), "no PyTorch venv (scripts/pyvenv): " + venv_python());
   SUBCASE("libuv backend (torchrun's agent store)") {
-    TorchServer server("libuv");
-    exercise_every_operation(server);
+    exercise_every_operation(libuv_server());
   }
   SUBCASE("legacy backend (use_libuv=False)") {
-    TorchServer server("legacy");
-    exercise_every_operation(server);
+    exercise_every_operation(legacy_server());
   }
 }
 
 TEST_CASE("init_process_group joins torchrun's agent store, in one key space per restart round") {
   DDP_SKIP_IF(!have_torch(), "no PyTorch venv (scripts/pyvenv): " + venv_python());
-  TorchServer server("libuv");
+  const TorchServer server = libuv_server();
   EnvGuard guard(kLaunchVars);
   // Two rounds, as after a torchrun restart: the second must not read the first one's keys
   // (the Gloo addresses of processes that are gone).
@@ -253,6 +275,10 @@ TEST_CASE("record_error_for_launcher writes the error file torchrun reads") {
   const long long stamp = std::stoll(j["message"]["extraInfo"]["timestamp"].get<std::string>());
   CHECK(stamp >= before);
   CHECK(stamp <= std::time(nullptr));
+  // Bytes that are not UTF-8 (a file name, say) still give a file JSON can read.
+  CHECK(record_error_for_launcher("cannot open '\xff.bin'"));
+  CHECK(nlohmann::json::parse(read_file(path))["message"]["message"] ==
+        "cannot open '\xef\xbf\xbd.bin'");
   // An unwritable place: false, no exception (the program is already failing).
   setenv("TORCHELASTIC_ERROR_FILE", (dir.path / "missing" / "error.json").c_str(), 1);
   CHECK_FALSE(record_error_for_launcher("x"));

@@ -1,32 +1,35 @@
-"""A real PyTorch TCPStore server for test_torch_store.cpp, driven through stdin/stdout.
+"""Real PyTorch TCPStore servers for test_torch_store.cpp, driven through stdin/stdout.
 
-    torch_store_server.py libuv|legacy
+Hosts two torch.distributed.TCPStore servers on free ports of 127.0.0.1, one with the libuv
+backend (as torchrun's agent does) and one with the older backend, sets the key "from_torch" in
+both, and prints their ports: "LIBUV_PORT LEGACY_PORT". Then, one command per line on stdin, it
+acts as a PyTorch-side client of the store named first (libuv or legacy):
 
-Hosts torch.distributed.TCPStore on a free port of 127.0.0.1 (the libuv backend, as torchrun's
-agent does, or the older one), sets the key "from_torch", and prints the port. Then, one command
-per line on stdin, it acts as a second, PyTorch-side client of its own store:
+    STORE get KEY          prints the value (waiting for it, as PyTorch's get does)
+    STORE set KEY VALUE    sets it, prints "ok"
+    STORE num_keys         prints the number of keys
 
-    get KEY          prints the value (waiting for it, as PyTorch's get does)
-    set KEY VALUE    sets it, prints "ok"
-    num_keys         prints the number of keys
-
-It exits when stdin closes (the test ended or died).
+It exits when stdin closes (the test ended or died). One process for both, since importing
+torch takes seconds.
 """
 import sys
 from datetime import timedelta
 
 import torch.distributed as dist
 
-store = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=sys.argv[1] == "libuv",
-                      wait_for_workers=False, timeout=timedelta(seconds=30))
-store.set("from_torch", "hello from PyTorch")
-print(store.port, flush=True)
+stores = {}
+for backend in ("libuv", "legacy"):
+    stores[backend] = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=backend == "libuv",
+                                    wait_for_workers=False, timeout=timedelta(seconds=30))
+    stores[backend].set("from_torch", "hello from PyTorch")
+print(stores["libuv"].port, stores["legacy"].port, flush=True)
 for line in sys.stdin:
-    words = line.rstrip("\n").split(" ", 2)
-    if words[0] == "get":
-        print(store.get(words[1]).decode(), flush=True)
-    elif words[0] == "set":
-        store.set(words[1], words[2])
+    words = line.rstrip("\n").split(" ", 3)
+    store = stores[words[0]]
+    if words[1] == "get":
+        print(store.get(words[2]).decode(), flush=True)
+    elif words[1] == "set":
+        store.set(words[2], words[3])
         print("ok", flush=True)
-    elif words[0] == "num_keys":
+    elif words[1] == "num_keys":
         print(store.num_keys(), flush=True)
