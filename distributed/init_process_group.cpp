@@ -6,13 +6,17 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "distributed/process_group_gloo.h"
+#include "distributed/store/torch_tcp_store.h"
 #include "tensor/error.h"
 
 #if defined(DDP_CUDA)
@@ -170,6 +174,9 @@ LaunchEnv launch_env_from_environment() {
     e.local_rank = env_int("LOCAL_RANK", e.rank);
     e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
     e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+    // PyTorch compares with "True" exactly (Python's str(True)); so do we.
+    const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+    e.use_agent_store = agent != nullptr && std::string(agent) == "True";
   } else if (read_mpi_numbering(e, kOpenMpi) || read_mpi_numbering(e, kPmi)) {
     // MPI launchers: we only borrow their numbering; the ranks still meet through our
     // TCPStore, not through MPI.
@@ -218,6 +225,31 @@ LaunchEnv launch_env_from_environment() {
   return e;
 }
 
+std::string agent_store_prefix(int restart_count) {
+  return "/worker/attempt_" + std::to_string(restart_count);
+}
+
+bool record_error_for_launcher(const std::string& message) {
+  const char* path = env("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr) return false;
+  // The shape torchrun reads (torch/distributed/elastic/multiprocessing/errors): it shows
+  // extraInfo.py_callstack when present, else the message. We have no Python stack to offer.
+  try {
+    const nlohmann::json error = {
+        {"message",
+         {{"message", message},
+          {"extraInfo",
+           {{"timestamp", std::to_string(static_cast<long long>(std::time(nullptr)))}}}}}};
+    std::ofstream out(path, std::ios::trunc);
+    // A message may quote a file name that is not UTF-8: replace such bytes, JSON must be text.
+    out << error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    out.close();
+    return !out.fail();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   const LaunchEnv env = launch_env_from_environment();
   const int rank = options.rank >= 0 ? options.rank : env.rank;
@@ -254,8 +286,15 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   }
 
   std::shared_ptr<Store> store = options.store;
+  std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   if (!store) {
-    if (world == 1 && !env.from_launcher) {
+    if (env.use_agent_store) {
+      // torchrun's agent holds MASTER_PORT already; hosting there would fail with "Address
+      // already in use". Join its store, in a key space of this restart round.
+      auto agent = std::make_shared<TorchTCPStore>(env.master_addr, env.master_port, timeout);
+      store = std::make_shared<PrefixStore>(agent_store_prefix(env.restart_count), agent);
+      where += " (torchrun's agent store)";
+    } else if (world == 1 && !env.from_launcher) {
       // A lone process without a launcher: a private store on a free port, so two such
       // programs on one machine never collide on 29500.
       store = std::make_shared<TCPStore>("127.0.0.1", 0, /*is_server=*/true, timeout);
@@ -265,7 +304,6 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
       store = std::make_shared<TCPStore>(env.master_addr, env.master_port, rank == 0, timeout);
     }
   }
-  std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   if (auto tcp = std::dynamic_pointer_cast<TCPStore>(store))
     where = tcp->host() + ":" + std::to_string(tcp->port());
   check_world_size(*store, rank, world, timeout, options.wait_report_interval, where);

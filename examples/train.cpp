@@ -706,6 +706,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "\nerror: " << e.what() << "\n";
+    distributed::record_error_for_launcher(e.what());  // torchrun's "Root Cause" shows it
     return 1;
   }
 }
