@@ -83,7 +83,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // from a plain optimizer of the same kind). Each rank keeps the entries of its own shard.
   void load_state_dict(const optim::OptimizerState& state) override;
 
-  // Inspection, for tests and logs.
+  // Inspection, for tests and logs. The per-parameter state lives in the local optimizer, under
+  // its own (shard) indices; this optimizer's state(i) and step_count(i) stay empty.
   optim::Optimizer& local_optimizer() { return *local_; }
   const optim::Optimizer& local_optimizer() const { return *local_; }
   // The owner of each flat parameter index.
