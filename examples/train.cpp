@@ -43,6 +43,7 @@
 #include "distributed/sampler.h"
 #include "examples/cli_config.h"
 #include "examples/train_checkpoint.h"
+#include "distributed/zero_redundancy_optimizer.h"
 #include "models/models.h"
 #include "nn/autocast.h"
 #include "nn/checkpoint.h"
@@ -89,6 +90,7 @@ struct Config {
   double grad_norm_warn = 10;      // 0: no warning
   bool sync_bn = false;
   bool grad_scaler = false;
+  bool zero = false;              // DDP: ZeRO-1, the momentum buffers sharded over the ranks
   double collective_timeout = 0;  // seconds; 0: DDPLAB_COLLECTIVE_TIMEOUT, else 30 min
   std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
   bool deterministic = false;
@@ -443,6 +445,8 @@ int main(int argc, char** argv) {
                "DDP: BatchNorm2d -> SyncBatchNorm (statistics over all ranks)");
   app.add_flag("--grad-scaler", c.grad_scaler,
                "dynamic loss scaling (GradScaler; overflowing steps are skipped)");
+  app.add_flag("--zero", c.zero,
+               "DDP: ZeRO-1, each rank keeps the SGD momentum of its shard only (docs/zero.md)");
   app.add_option("--collective-timeout", c.collective_timeout,
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
   app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
@@ -558,7 +562,21 @@ int main(int argc, char** argv) {
 
     // Optimizer and schedule (stepped every optimizer step). With accumulation an optimizer step
     // takes `accumulation_steps` micro-batches; the epoch's last step takes what is left.
-    optim::SGD opt(model.parameters(), {c.lr, c.momentum, 0, c.weight_decay, false});
+    // DDP --zero: the same SGD steps, each rank holding the momentum of its shard only.
+    const optim::SGDOptions sgd{c.lr, c.momentum, 0, c.weight_decay, false};
+    std::unique_ptr<optim::Optimizer> optimizer;
+    if (c.zero && pg) {
+      optimizer = std::make_unique<distributed::ZeroRedundancyOptimizer>(
+          model.parameters(), distributed::optimizer_factory<optim::SGD>(sgd), pg);
+    } else {
+      optimizer = std::make_unique<optim::SGD>(model.parameters(), sgd);
+    }
+    optim::Optimizer& opt = *optimizer;
+    if (c.zero && main_rank && pg) {
+      std::printf("ZeRO-1: optimizer state sharded over %d ranks\n", world);
+    } else if (c.zero && main_rank) {
+      std::printf("note: --zero with one process: nothing to shard, plain SGD\n");
+    }
     const int64_t micro_per_epoch = train_loader.size();
     const int64_t accum = c.accumulation_steps;
     const int64_t steps_per_epoch = (micro_per_epoch + accum - 1) / accum;

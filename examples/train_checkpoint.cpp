@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "distributed/init_process_group.h"
+#include "distributed/zero_redundancy_optimizer.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -266,7 +267,16 @@ nn::TrainingState Checkpointing::capture(Trainables& t, const LoopState& loop) c
   st.step = loop.step;
   st.epoch = pos.epoch;
   st.model = t.net.state_dict();
-  optim::OptimizerState os = t.opt.state_dict();
+  // ZeRO-1 (--zero): each rank holds the state of its shard of the parameters only; gathering it
+  // on rank 0 is a collective (every rank takes part), and then only rank 0 has the whole state,
+  // in a plain optimizer's layout, to save.
+  optim::OptimizerState os;
+  if (auto* zero = dynamic_cast<distributed::ZeroRedundancyOptimizer*>(&t.opt)) {
+    zero->consolidate_state_dict(0);
+    if (main_rank()) os = zero->state_dict();
+  } else {
+    os = t.opt.state_dict();
+  }
   st.parts["optimizer"] = {os.meta, os.tensors};
   st.parts["scheduler"].meta = t.sched.state_dict();
   st.parts["scaler"].meta = t.scaler.state_dict();

@@ -79,11 +79,21 @@ OptimizerState Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const OptimizerState& st) {
+std::pair<size_t, std::string> split_state_name(const std::string& name) {
+  const size_t dot = name.find('.', 6);
+  const bool digits =
+      dot != std::string::npos && dot > 6 && name.find_first_not_of("0123456789", 6) == dot;
+  DDP_CHECK(name.rfind("state.", 0) == 0 && digits, "load_state_dict: unexpected tensor name '"
+                                                        << name
+                                                        << "' (expected state.<index>.<name>)");
+  return {std::stoul(name.substr(6, dot - 6)), name.substr(dot + 1)};
+}
+
+void Optimizer::check_state_matches(const OptimizerState& st, const std::string& type) const {
   const auto& meta = st.meta;
-  DDP_CHECK(meta.value("type", std::string()) == type_name(),
-            "load_state_dict: state is from a " << meta.value("type", std::string("?"))
-                                                << " optimizer, this is " << type_name());
+  DDP_CHECK(meta.value("type", std::string()) == type, "load_state_dict: state is from a "
+                                                           << meta.value("type", std::string("?"))
+                                                           << " optimizer, this is " << type);
   DDP_CHECK(meta.contains("param_groups") && meta["param_groups"].size() == groups_.size(),
             "load_state_dict: state has " << meta["param_groups"].size()
                                           << " param groups, optimizer has " << groups_.size());
@@ -94,17 +104,18 @@ void Optimizer::load_state_dict(const OptimizerState& st) {
                                         << " parameters in the state, " << groups_[gi].params.size()
                                         << " in the optimizer");
   }
+}
+
+void Optimizer::load_state_dict(const OptimizerState& st) {
+  const auto& meta = st.meta;
+  check_state_matches(st, type_name());
   std::vector<std::map<std::string, Tensor>> state(num_params());
   std::vector<const Tensor*> flat;
   for (const auto& g : groups_) {
     for (const auto& p : g.params) flat.push_back(&p);
   }
   for (const auto& [name, t] : st.tensors) {
-    // "state.<index>.<key>"
-    size_t dot = name.find('.', 6);
-    DDP_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos,
-              "load_state_dict: unexpected tensor name '" << name << "'");
-    size_t i = std::stoul(name.substr(6, dot - 6));
+    const auto [i, key] = split_state_name(name);
     DDP_CHECK(i < flat.size(),
               "load_state_dict: '" << name << "' names parameter " << i << " of " << flat.size());
     const Tensor& p = *flat[i];
@@ -113,7 +124,7 @@ void Optimizer::load_state_dict(const OptimizerState& st) {
                                           << ", parameter has " << shape_str(p.shape()));
     // State lives where (and in the type) the parameter does.
     Tensor c = ops::clone(ops::to(ops::to(t, p.dtype()), p.device()));
-    state[i][name.substr(dot + 1)] = c;
+    state[i][key] = c;
   }
   // Options (lr, momentum, ...) come from the checkpoint, as PyTorch does.
   for (size_t gi = 0; gi < groups_.size(); ++gi) {

@@ -41,6 +41,10 @@ struct OptimizerState {
   std::vector<std::pair<std::string, Tensor>> tensors;
 };
 
+// Splits a state tensor name "state.<flat index>.<name>" into {index, name}; throws naming it
+// when it has another form.
+std::pair<size_t, std::string> split_state_name(const std::string& name);
+
 class Optimizer {
  public:
   Optimizer(std::vector<ParamGroup> groups, std::map<std::string, double> defaults);
@@ -62,9 +66,11 @@ class Optimizer {
   double lr() const { return groups_.at(0).get("lr"); }
   void set_lr(double lr);
 
-  OptimizerState state_dict() const;
+  // Virtual so that a wrapper holding only part of the state (distributed::
+  // ZeroRedundancyOptimizer) can answer, and save()/load() go through it.
+  virtual OptimizerState state_dict() const;
   // Restores state saved from an optimizer over parameters of the same shapes, in the same order.
-  void load_state_dict(const OptimizerState& state);
+  virtual void load_state_dict(const OptimizerState& state);
   // The state as one safetensors file (metadata stored as a JSON string tensor) and back.
   void save(const std::string& path) const;
   void load(const std::string& path);
@@ -85,6 +91,9 @@ class Optimizer {
       }
     }
   }
+
+  // Throws unless `state` comes from a `type` optimizer with this one's groups and group sizes.
+  void check_state_matches(const OptimizerState& state, const std::string& type) const;
 
   std::map<std::string, double> defaults_;
   std::vector<ParamGroup> groups_;
