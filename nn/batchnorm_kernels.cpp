@@ -3,8 +3,8 @@
 // The input is viewed as [N, C, S] (S = H*W for 4-D input, 1 for 2-D [N, C]); statistics are per
 // channel, over N*S values. Every per-channel sum is accumulated in double, and the variance is
 // taken in two passes per row (mean first, then squared deviations, the second from cache), which
-// stays exact where the one-pass E[x^2] - E[x]^2 would cancel catastrophically. Channels are independent, so the
-// parallel loops run over channels.
+// stays exact where the one-pass E[x^2] - E[x]^2 would cancel catastrophically. Channels are
+// independent, so the parallel loops run over channels.
 //
 // PyTorch's conventions, which we match exactly:
 //   * normalization uses the biased batch variance (divide by M = N*S);
@@ -129,26 +129,21 @@ void channel_grad_sums(const T* x, const T* dy, const BnShape& d, int64_t c, dou
 
 // Training-mode dx over channel c from the sums over all `count` values of the channel:
 // dx = k * (dy - mean_dy - (x - mu) * proj), k = weight * invstd, proj = sum_dy_xhat * invstd / M.
-// The per-element work runs in T (float32 vectors are twice as wide as float64 ones) with the
-// coefficients rounded once. x - mu is the one place where rounding hurts: for inputs far from
-// zero (mean 100, spread 1) float(mu) is off by a few 1e-6 of the spread. So mu is split into
-// mu_hi = T(mu) and the remainder mu_lo: x - mu_hi is exact when x is near mu, and subtracting
-// mu_lo afterwards restores the missing digits.
+// In double even for float32: the three terms can nearly cancel, and in float32 the rounding of
+// each (~1e-7 of it) is then a large part of dx; over a few steps that moved DDP with
+// SyncBatchNorm away from single-process training by 5e-4 (tests/distributed, ddp_train_syncbn).
 template <class T>
 void channel_input_grad(const T* x, const T* dy, const BnShape& d, int64_t c, double mu, double is,
                         double g, double sum_dy, double sum_dy_xmu, double count, T* dx) {
-  const T k = static_cast<T>(g * is);
-  const T mean_dy = static_cast<T>(sum_dy / count);
-  const T proj = static_cast<T>(sum_dy_xmu * is * is / count);
-  const T mu_hi = static_cast<T>(mu), mu_lo = static_cast<T>(mu - static_cast<double>(mu_hi));
+  const double k = g * is;
+  const double mean_dy = sum_dy / count;
+  const double proj = sum_dy_xmu * is * is / count;
   for (int64_t n = 0; n < d.n; ++n) {
     const T* px = x + (n * d.c + c) * d.s;
     const T* pg = dy + (n * d.c + c) * d.s;
     T* q = dx + (n * d.c + c) * d.s;
-    for (int64_t i = 0; i < d.s; ++i) {
-      const T xmu = (px[i] - mu_hi) - mu_lo;
-      q[i] = k * (pg[i] - mean_dy - xmu * proj);
-    }
+    for (int64_t i = 0; i < d.s; ++i)
+      q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
   }
 }
 
