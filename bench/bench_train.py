@@ -18,8 +18,9 @@ Driver mode (what docs/benchmarks.md quotes):
         [--rounds 3] [--threads 1,2] [--models resnet20,cnn] [--batch 128]
 
 runs the programs interleaved (ddplab, torch, torch with tuned malloc, ddplab, torch, ...), each
-in a fresh process, `--rounds` times per configuration, and prints a table of medians and the
-ratios ddplab time / torch time. A variant ending in "+bf16" (ddplab+bf16, torch+bf16,
+in a fresh process (with the environment plus any `--env KEY=VALUE`, the same for every variant),
+`--rounds` times per configuration, and prints a table of medians and the ratios ddplab time /
+torch time. A variant ending in "+bf16" (ddplab+bf16, torch+bf16,
 torch+malloc+bf16) runs with --amp bf16. "torch+malloc" is PyTorch with glibc told to keep freed memory
 (MALLOC_MMAP_MAX_=0, a large MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_): without it glibc hands
 large freed blocks back to the OS and PyTorch faults fresh pages in every step
@@ -123,11 +124,12 @@ def parse_result(out):
     return None
 
 
-def run_one(variant, bin_path, model, batch, threads, warmup, steps):
+def run_one(variant, bin_path, model, batch, threads, warmup, steps, extra_env=()):
     common = ["--model", model, "--batch", str(batch), "--threads", str(threads),
               "--warmup", str(warmup), "--steps", str(steps)]
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
+    env.update(kv.split("=", 1) for kv in extra_env)
     if variant.endswith("+bf16"):
         common += ["--amp", "bf16"]
         variant = variant[: -len("+bf16")]
@@ -152,7 +154,8 @@ def driver(args):
     for r in range(args.rounds):
         for model, threads in configs:
             for v in variants:  # interleaved: every variant once per round and configuration
-                t = run_one(v, args.bin, model, args.batch, threads, args.warmup, args.steps)
+                t = run_one(v, args.bin, model, args.batch, threads, args.warmup, args.steps,
+                            args.env)
                 res.setdefault((model, threads, v), []).append(t)
                 print(f"  round {r + 1}/{args.rounds} {model} threads={threads} {v}: "
                       f"{t[0]:.1f} ms/step", file=sys.stderr, flush=True)
@@ -194,6 +197,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default="resnet20,cnn")
     ap.add_argument("--threads-list", default="1,2")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set for every variant (repeatable), e.g. OMP_WAIT_POLICY=passive")
     ap.add_argument("--variants", default="ddplab,torch,torch+malloc",
                     help="first is the numerator of the ratios; ddplab+malloc also exists; "
                          "a +bf16 suffix adds --amp bf16")

@@ -252,26 +252,46 @@ void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, con
 }
 
 template <onednn::Precision P>
+Tensor onednn_forward_keep(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
+                           const Tensor& y) {
+  const size_t bytes = onednn::conv2d_saved_input_bytes(p, P);
+  // A float32 tensor only as a byte buffer: its contents are in oneDNN's layout (and, in
+  // bfloat16 precision, bfloat16).
+  Tensor kept =
+      bytes == 0 ? Tensor() : ops::empty({static_cast<int64_t>((bytes + 3) / 4)}, x.options());
+  onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null<float>(b),
+                         y.data_ptr<float>(), P, kept.defined() ? kept.raw_data() : nullptr);
+  return kept;
+}
+
+template <onednn::Precision P>
+void onednn_backward(const Conv2dParams& p, const Tensor& x, const Tensor& kept, const Tensor& gy,
+                     const Tensor& w, const Tensor& gx, const Tensor& gw, const Tensor& gb) {
+  onednn::conv2d_backward(p, ptr_or_null<float>(x), kept.defined() ? kept.raw_data() : nullptr,
+                          gy.data_ptr<float>(), ptr_or_null<float>(w), ptr_or_null<float>(gx),
+                          ptr_or_null<float>(gw), ptr_or_null<float>(gb), P);
+}
+
+template <onednn::Precision P>
 void onednn_backward_data(const Conv2dParams& p, const Tensor& gy, const Tensor& w,
                           const Tensor& gx) {
-  onednn::conv2d_backward_data(p, gy.data_ptr<float>(), w.data_ptr<float>(), gx.data_ptr<float>(),
-                               P);
+  onednn_backward<P>(p, Tensor(), Tensor(), gy, w, gx, Tensor(), Tensor());
 }
 
 template <onednn::Precision P>
 void onednn_backward_weights(const Conv2dParams& p, const Tensor& x, const Tensor& gy,
                              const Tensor& gw, const Tensor& gb) {
-  onednn::conv2d_backward_weights(p, x.data_ptr<float>(), gy.data_ptr<float>(),
-                                  gw.data_ptr<float>(), ptr_or_null<float>(gb), P);
+  onednn_backward<P>(p, x, Tensor(), gy, Tensor(), Tensor(), gw, gb);
 }
 
 constexpr auto kF32 = onednn::Precision::Float32;
 constexpr auto kBF16 = onednn::Precision::BFloat16;
 constexpr ConvKernels kOneDnnKernels{"ConvolutionBackward(oneDNN)", onednn_forward<kF32>,
-                                     onednn_backward_data<kF32>, onednn_backward_weights<kF32>};
-constexpr ConvKernels kOneDnnBf16Kernels{"ConvolutionBackward(oneDNN bf16)", onednn_forward<kBF16>,
-                                         onednn_backward_data<kBF16>,
-                                         onednn_backward_weights<kBF16>};
+                                     onednn_backward_data<kF32>,    onednn_backward_weights<kF32>,
+                                     onednn_forward_keep<kF32>,     onednn_backward<kF32>};
+constexpr ConvKernels kOneDnnBf16Kernels{
+    "ConvolutionBackward(oneDNN bf16)", onednn_forward<kBF16>,      onednn_backward_data<kBF16>,
+    onednn_backward_weights<kBF16>,     onednn_forward_keep<kBF16>, onednn_backward<kBF16>};
 constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2d_forward,
                                      im2col_conv2d_backward_data, im2col_conv2d_backward_weights};
 
@@ -298,31 +318,38 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
   Tensor b = b_in.defined() ? ops::contiguous(b_in) : Tensor();
   Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
-  kernels->forward(p, x, w, b, y);
-
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
-  if (!autograd::needs_grad(inputs)) return y;
+  const bool record = autograd::needs_grad(inputs);
+  // What forward_keep keeps serves the weight gradient only.
+  Tensor kept;
+  if (record && kernels->forward_keep != nullptr && autograd::needs_grad({w_in})) {
+    kept = kernels->forward_keep(p, x, w, b, y);
+  } else {
+    kernels->forward(p, x, w, b, y);
+  }
+  if (!record) return y;
   return autograd::record(
-      kernels->node_name, y, inputs, {x, w},
+      kernels->node_name, y, inputs, {x, w, kept},
       [p, kernels](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
         const Tensor& w = s[1];
         Tensor gy = ops::contiguous(grad);
         autograd::Grads g(needs.size());
-        if (needs[0]) {
-          g[0] = ops::empty(x.shape(), x.options());
-          kernels->backward_data(p, gy, w, g[0]);
-        }
         const bool want_bias = p.has_bias && needs[2];
+        if (needs[0]) g[0] = ops::empty(x.shape(), x.options());
         if (needs[1]) {
-          // The weights pass also sums the bias gradient, saving a second pass over gy.
           g[1] = ops::empty(w.shape(), w.options());
+          // The weights pass also sums the bias gradient, saving a second pass over gy.
           if (want_bias) g[2] = ops::empty({p.o}, w.options());
-          kernels->backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
-        } else if (want_bias) {
-          g[2] = ops::sum(gy, {0, 2, 3});
         }
+        if (kernels->backward != nullptr) {
+          kernels->backward(p, x, s[2], gy, w, g[0], g[1], want_bias && needs[1] ? g[2] : Tensor());
+        } else {
+          if (needs[0]) kernels->backward_data(p, gy, w, g[0]);
+          if (needs[1]) kernels->backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
+        }
+        if (want_bias && !needs[1]) g[2] = ops::sum(gy, {0, 2, 3});
         return g;
       });
 }

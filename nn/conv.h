@@ -40,6 +40,16 @@ struct ConvKernels {
   // gw = dL/dw and, when gb is defined, gb = dL/db.
   void (*backward_weights)(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& gy,
                            const Tensor& gw, const Tensor& gb);
+  // Optional (null where a backend does not offer them), for work the two passes can share:
+  // forward_keep is forward that also returns something for backward to reuse (oneDNN: x in
+  // its blocked layout) or an undefined tensor; backward computes the gradients whose tensors
+  // are defined (gx, gw, gb) in one call, with `kept` from forward_keep (oneDNN: gy is reordered
+  // once for both gradients, and x not at all).
+  Tensor (*forward_keep)(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& w,
+                         const Tensor& b, const Tensor& y) = nullptr;
+  void (*backward)(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& kept,
+                   const Tensor& gy, const Tensor& w, const Tensor& gx, const Tensor& gw,
+                   const Tensor& gb) = nullptr;
 };
 
 // conv2d with a chosen kernel: `use_onednn` false forces the im2col path (float32 allowed).

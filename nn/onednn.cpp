@@ -238,12 +238,29 @@ std::string Conv2dParams::str() const {
   return os.str();
 }
 
+size_t conv2d_saved_input_bytes(const Conv2dParams& p, Precision prec) {
+  ConvPrimitives& cp = primitives_for(p, prec);
+  return guarded(p, "backward weights primitive creation", [&]() -> size_t {
+    std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
+    // Worth keeping only when forward reorders x anyway and backward would redo the same reorder.
+    const bool same = cp.fwd_x.reorder && cp.bw_x.reorder && cp.fwd_x.prim == cp.bw_x.prim;
+    return same ? cp.fwd_x.prim.get_size() : 0;
+  });
+}
+
 void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
-                    Precision prec) {
+                    Precision prec, void* x_saved) {
   ConvPrimitives& cp = primitives_for(p, prec);
   guarded(p, "forward", [&] {
     Scratch s;
-    memory xm = stage_input(cp.fwd_x, x, s);
+    memory xm;
+    if (x_saved != nullptr) {  // the reorder writes where backward will find it
+      memory user(cp.fwd_x.user, engine(), const_cast<float*>(x));
+      xm = memory(cp.fwd_x.prim, engine(), x_saved);
+      cp.fwd_x.reorder->execute(stream(), user, xm);
+    } else {
+      xm = stage_input(cp.fwd_x, x, s);
+    }
     memory wm = stage_input(cp.fwd_w, w, s);
     memory ym = stage_output(cp.fwd_y, y, s);
     std::unordered_map<int, memory> args{
@@ -257,47 +274,58 @@ void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const
   });
 }
 
-void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
-                          Precision prec) {
+void conv2d_backward(const Conv2dParams& p, const float* x, const void* x_saved, const float* gy,
+                     const float* w, float* gx, float* gw, float* gb, Precision prec) {
   ConvPrimitives& cp = primitives_for(p, prec);
-  guarded(p, "backward data", [&] {
-    std::call_once(cp.bwd_data_once, [&] { cp.build_backward_data(); });
+  guarded(p, "backward", [&] {
     Scratch s;
-    memory gym = stage_input(cp.bd_gy, gy, s);
-    memory wm = stage_input(cp.bd_w, w, s);
-    memory gxm = stage_output(cp.bd_gx, gx, s);
-    cp.bwd_data.execute(
-        stream(), {{DNNL_ARG_DIFF_DST, gym}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, gxm}});
-    finish_output(cp.bd_gx, gxm, gx);
+    // gy in the layout of the backward-data primitive; backward weights usually reads the same
+    // one, and then reuses it instead of reordering gy a second time.
+    std::optional<memory> gy_data;
+    if (gx != nullptr) {
+      std::call_once(cp.bwd_data_once, [&] { cp.build_backward_data(); });
+      gy_data = stage_input(cp.bd_gy, gy, s);
+      memory wm = stage_input(cp.bd_w, w, s);
+      memory gxm = stage_output(cp.bd_gx, gx, s);
+      cp.bwd_data.execute(
+          stream(),
+          {{DNNL_ARG_DIFF_DST, *gy_data}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, gxm}});
+      finish_output(cp.bd_gx, gxm, gx);
+    }
+    if (gw != nullptr) {
+      std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
+      memory xm = x_saved != nullptr ? memory(cp.bw_x.prim, engine(), const_cast<void*>(x_saved))
+                                     : stage_input(cp.bw_x, x, s);
+      memory gym =
+          gy_data && cp.bd_gy.prim == cp.bw_gy.prim ? *gy_data : stage_input(cp.bw_gy, gy, s);
+      memory gwm = stage_output(cp.bw_gw, gw, s);
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, xm}, {DNNL_ARG_DIFF_DST, gym}, {DNNL_ARG_DIFF_WEIGHTS, gwm}};
+      // The primitive was built with a bias gradient when the layer has a bias; oneDNN needs a
+      // buffer for it even if the caller does not want it.
+      std::vector<float> gb_unused;
+      if (p.has_bias) {
+        if (gb == nullptr) {
+          gb_unused.resize(static_cast<size_t>(p.o));
+          gb = gb_unused.data();
+        }
+        args.emplace(DNNL_ARG_DIFF_BIAS, memory(cp.b_plain, engine(), gb));
+      }
+      cp.bwd_weights.execute(stream(), args);
+      finish_output(cp.bw_gw, gwm, gw);
+    }
     stream().wait();
   });
 }
 
+void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
+                          Precision prec) {
+  conv2d_backward(p, nullptr, nullptr, gy, w, gx, nullptr, nullptr, prec);
+}
+
 void conv2d_backward_weights(const Conv2dParams& p, const float* x, const float* gy, float* gw,
                              float* gb, Precision prec) {
-  ConvPrimitives& cp = primitives_for(p, prec);
-  guarded(p, "backward weights", [&] {
-    std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
-    Scratch s;
-    memory xm = stage_input(cp.bw_x, x, s);
-    memory gym = stage_input(cp.bw_gy, gy, s);
-    memory gwm = stage_output(cp.bw_gw, gw, s);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, xm}, {DNNL_ARG_DIFF_DST, gym}, {DNNL_ARG_DIFF_WEIGHTS, gwm}};
-    // The primitive was built with a bias gradient when the layer has a bias; oneDNN needs a
-    // buffer for it even if the caller does not want it.
-    std::vector<float> gb_unused;
-    if (p.has_bias) {
-      if (gb == nullptr) {
-        gb_unused.resize(static_cast<size_t>(p.o));
-        gb = gb_unused.data();
-      }
-      args.emplace(DNNL_ARG_DIFF_BIAS, memory(cp.b_plain, engine(), gb));
-    }
-    cp.bwd_weights.execute(stream(), args);
-    finish_output(cp.bw_gw, gwm, gw);
-    stream().wait();
-  });
+  conv2d_backward(p, x, nullptr, gy, nullptr, nullptr, gw, gb, prec);
 }
 
 size_t conv_cache_size() {

@@ -41,9 +41,20 @@ struct Conv2dParams {
 enum class Precision { Float32, BFloat16 };
 
 // y = conv(x, w) + b. All pointers address contiguous float32 NCHW / OIHW arrays; b may be null
-// when !has_bias.
+// when !has_bias. x_saved (optional; conv2d_saved_input_bytes(p) bytes) receives x in the layout
+// the backward-weights primitive reads, for conv2d_backward: forward reorders x into that layout
+// anyway, so keeping the result saves backward the same reorder (at the price of the memory).
 void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
-                    Precision prec = Precision::Float32);
+                    Precision prec = Precision::Float32, void* x_saved = nullptr);
+// The size of forward's x_saved, or 0 when keeping it saves nothing (x needs no reorder, or
+// forward and backward weights read different layouts).
+size_t conv2d_saved_input_bytes(const Conv2dParams& p, Precision prec = Precision::Float32);
+// The gradients from gy = dL/dy in one call: gx = dL/dx unless gx is null, gw = dL/dw (and gb =
+// dL/db unless null) unless gw is null; overwritten, not accumulated. x_saved is forward's (or
+// null: x is read). One call instead of the two below lets both read gy reordered once.
+void conv2d_backward(const Conv2dParams& p, const float* x, const void* x_saved, const float* gy,
+                     const float* w, float* gx, float* gw, float* gb,
+                     Precision prec = Precision::Float32);
 // gx = dL/dx from gy = dL/dy.
 void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
                           Precision prec = Precision::Float32);
