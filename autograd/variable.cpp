@@ -7,6 +7,7 @@
 
 #include "autograd/accumulate_grad.h"
 #include "autograd/engine.h"
+#include "autograd/functions.h"
 #include "autograd/node.h"
 #include "tensor/ops.h"
 
@@ -193,6 +194,10 @@ Tensor Tensor::detach() const {
   impl2->strides = impl().strides;
   impl2->dtype = impl().dtype;
   return Tensor(std::move(impl2));
+}
+
+Tensor Tensor::clone() const {
+  return ddplab::clone(*this);
 }
 
 void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {

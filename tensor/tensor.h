@@ -52,6 +52,9 @@ struct TensorImpl {
   std::shared_ptr<autograd::AutogradMeta> autograd_meta;  // null for tensors outside autograd
 };
 
+// The operators on tensors (a + b, a * 2.0, -a) and the other differentiable ops (matmul, relu,
+// sum, ...) are free functions in namespace ddplab, declared in autograd/functions.h; the raw
+// ops without autograd are in tensor/ops.h (namespace ddplab::ops).
 class Tensor {
  public:
   Tensor() = default;
@@ -107,6 +110,9 @@ class Tensor {
   std::shared_ptr<autograd::Node> grad_fn() const;
   bool is_leaf() const;   // no grad_fn: a parameter or a constant
   Tensor detach() const;  // same storage, outside the graph
+  // A copy with its own storage, recorded in the graph like any op (gradients flow back to this
+  // tensor), as torch.Tensor.clone. ops::clone is the raw copy without autograd.
+  Tensor clone() const;
   void backward(const Tensor& grad_output = Tensor(), bool retain_graph = false) const;
 
  private:

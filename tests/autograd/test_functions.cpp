@@ -62,3 +62,15 @@ TEST_CASE("sum_to reduces broadcast dims") {
   CHECK(autograd::sum_to(g, {2, 3, 4}).is_same(g));
   CHECK_THROWS_AS(autograd::sum_to(g, {5, 4}), Error);
 }
+
+TEST_CASE("Tensor::clone copies the storage and passes the gradient back") {
+  Tensor x = ops::from_vector<double>({1, 2, 3}, {3}, kFloat64);
+  x.set_requires_grad(true);
+  Tensor y = x.clone();
+  CHECK_FALSE(y.storage().data() == x.storage().data());
+  CHECK(y.to_vector<double>() == std::vector<double>{1, 2, 3});
+  ops::mul_(x.detach(), 10.0);  // writing to x afterwards leaves the copy as it was
+  CHECK(y.to_vector<double>() == std::vector<double>{1, 2, 3});
+  sum(y * y).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 4, 6});  // d/dy y^2 at 1, 2, 3
+}
