@@ -36,9 +36,12 @@
 #include "data/image_folder.h"
 #include "data/mnist.h"
 #include "distributed/ddp.h"
+#include "distributed/evaluate.h"
 #include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
 #include "models/models.h"
+#include "monitor/metrics_log.h"
+#include "monitor/step_monitor.h"
 #include "nn/autocast.h"
 #include "nn/functional.h"
 #include "nn/module.h"
@@ -83,6 +86,10 @@ struct Config {
   bool grad_scaler = false;
   double collective_timeout = 0;  // seconds; 0: DDPLAB_COLLECTIVE_TIMEOUT, else 30 min
   std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
+  // Monitoring (docs/monitoring.md).
+  std::string logdir, trace_dir;   // TensorBoard event files; Chrome traces per rank
+  double comm_wait_warn = 0.10;    // warn when waiting on communication exceeds this share
+  double allreduce_warn_ms = 100;  // warn when the mean all-reduce takes longer
 };
 
 // Checks the flags that CLI11 cannot check alone; returns an error message, empty when all is well.
@@ -98,6 +105,9 @@ std::string validate(const Config& c) {
   } else if (!(c.grad_norm_warn >= 0)) {
     err << "--grad-norm-warn must be >= 0 (got " << c.grad_norm_warn
         << "); 0 turns the warning off";
+  } else if (!(c.comm_wait_warn >= 0) || !(c.allreduce_warn_ms >= 0)) {
+    err << "--comm-wait-warn and --allreduce-warn-ms must be >= 0 (got " << c.comm_wait_warn
+        << " and " << c.allreduce_warn_ms << "); 0 turns the warning off";
   } else if (!(c.collective_timeout >= 0)) {
     err << "--collective-timeout must be >= 0 seconds (got " << c.collective_timeout
         << "); 0 takes DDPLAB_COLLECTIVE_TIMEOUT, else 30 minutes";
@@ -297,20 +307,60 @@ class Progress {
   Clock::time_point last_{};
 };
 
-// Top-1 accuracy of `model` over a loader, in eval mode, without autograd.
-double evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
-  autograd::NoGradGuard no_grad;
-  model.eval();
-  int64_t correct = 0, total = 0;
-  for (auto& batch : loader) {
-    data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
-    Tensor logits = model(b.images);
-    int64_t n = b.labels.size(0);
-    correct += std::llround(F::accuracy(logits, b.labels) * static_cast<double>(n));
-    total += n;
+// --- monitoring and evaluation ---------------------------------------------------------------
+
+// Test accuracy of the inner model, every rank evaluating its share (distributed/evaluate.h).
+double evaluate(nn::Module& net, const Data& d, const Config& c, Device device,
+                const std::shared_ptr<distributed::ProcessGroup>& pg) {
+  // DDP: each rank's last forward updated its BatchNorm running statistics from its own batch;
+  // evaluate rank 0's model on every rank, as rank 0 alone would.
+  if (pg) {
+    std::vector<Tensor> buffers;
+    for (const auto& [name, buffer] : net.named_buffers()) buffers.push_back(buffer);
+    if (!buffers.empty()) distributed::broadcast_coalesced(*pg, buffers, 0);
   }
-  model.train();
-  return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+  distributed::EvalOptions o;
+  o.batch_size = std::max<int64_t>(c.batch_size, 256);
+  o.num_workers = c.num_workers;
+  o.device = device;
+  return distributed::evaluate_sharded(net, d.test, o, pg.get()).accuracy();
+}
+
+// --logdir, --trace-dir and the thresholds of the epoch summary's warnings.
+void add_monitoring_flags(CLI::App& app, Config& c) {
+  app.add_option("--logdir", c.logdir, "write TensorBoard event files here (docs/monitoring.md)");
+  app.add_option("--trace-dir", c.trace_dir,
+                 "write a Chrome trace per rank here (DIR/rank<r>.json; tools/merge-traces)");
+  app.add_option("--comm-wait-warn", c.comm_wait_warn,
+                 "DDP: warn when this share of step time waits on communication (0: never)")
+      ->capture_default_str();
+  app.add_option("--allreduce-warn-ms", c.allreduce_warn_ms,
+                 "DDP: warn when the mean all-reduce takes longer (ms; 0: never)")
+      ->capture_default_str();
+}
+
+// The epoch summary of rank 0: where step time went, and the labs' warnings.
+void print_epoch_summary(const monitor::EpochTimes& t, bool ddp, bool monitoring, const Config& c) {
+  if (t.steps == 0) return;
+  std::printf("  %.1f ms/step", 1e3 * t.step_seconds / static_cast<double>(t.steps));
+  if (ddp) {
+    std::printf("; waiting on communication %.1f%% of step time; mean all-reduce %.2f ms",
+                100 * t.comm_wait_share(), t.mean_allreduce_ms());
+  }
+  if (monitoring) std::printf("; monitoring %.2f%%", 100 * t.monitor_share());
+  std::printf("\n");
+  if (ddp && c.comm_wait_warn > 0 && t.comm_wait_share() > c.comm_wait_warn) {
+    std::printf(
+        "warning: %.1f%% of step time waits on communication (> %.0f%%): backward no longer "
+        "hides the all-reduces; try a larger --batch-size or --accumulation-steps\n",
+        100 * t.comm_wait_share(), 100 * c.comm_wait_warn);
+  }
+  if (ddp && c.allreduce_warn_ms > 0 && t.mean_allreduce_ms() > c.allreduce_warn_ms) {
+    std::printf(
+        "warning: a bucket all-reduce takes %.1f ms on average (> %g ms): check the "
+        "network or the backend\n",
+        t.mean_allreduce_ms(), c.allreduce_warn_ms);
+  }
 }
 
 }  // namespace
@@ -343,7 +393,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-shuffle", c.no_shuffle, "visit examples in file order");
   app.add_option("--init-from", c.init_from, "start from a safetensors state_dict");
   app.add_option("--save", c.save, "write the final state_dict (safetensors) here");
-  app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
+  app.add_option("--metrics", c.metrics,
+                 "append one row per epoch to this file: JSON lines, or CSV if it ends in .csv");
   app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
   app.add_option("--accumulation-steps", c.accumulation_steps,
@@ -362,6 +413,7 @@ int main(int argc, char** argv) {
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
   app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
       ->check(CLI::IsMember({"bf16", "fp16"}));
+  add_monitoring_flags(app, c);
   CLI11_PARSE(app, argc, argv);
   if (const std::string err = validate(c); !err.empty()) {
     std::cerr << "error: " << err << "\n";
@@ -385,7 +437,7 @@ int main(int argc, char** argv) {
     // Data.
     Data d = load_data(c);
     int64_t n_train = c.subset > 0 ? std::min<int64_t>(c.subset, d.train->size()) : d.train->size();
-    std::shared_ptr<const data::Sampler> train_sampler;
+    std::shared_ptr<data::Sampler> train_sampler;
     std::shared_ptr<distributed::DistributedSampler> dist_sampler;  // DDP:
     if (pg) {  // DDP: this rank's share; padded so every rank runs the same number of steps
       dist_sampler = std::make_shared<distributed::DistributedSampler>(n_train, world, pg->rank(),
@@ -403,10 +455,6 @@ int main(int argc, char** argv) {
     train_opts.pin_memory = device.is_cuda();
     train_opts.sampler = train_sampler;
     data::DataLoader train_loader(d.train, train_opts);
-    data::DataLoaderOptions test_opts = train_opts;
-    test_opts.sampler = nullptr;
-    test_opts.batch_size = std::max<int64_t>(c.batch_size, 256);
-    data::DataLoader test_loader(d.test, test_opts);
 
     // Model.
     const Shape sample = d.train->sample_shape();  // [C, H, W]
@@ -465,8 +513,11 @@ int main(int argc, char** argv) {
     double grad_norm = 0;
     int64_t skipped_steps = 0;
 
-    std::ofstream metrics;
-    if (!c.metrics.empty()) metrics.open(c.metrics, std::ios::app);
+    std::optional<monitor::MetricsLog> metrics;
+    if (!c.metrics.empty() && main_rank) metrics.emplace(c.metrics);
+    // Monitoring: phase times, TensorBoard (rank 0), a trace per rank (docs/monitoring.md).
+    monitor::StepMonitor mon({c.logdir, c.trace_dir, pg ? pg->rank() : 0});
+    if (mon.writer()) mon.writer()->add_text("backend", pg ? pg->backend_name() : "none", 0);
     Progress bar;
     int64_t step = 0;
     const auto run_start = Clock::now();
@@ -475,10 +526,12 @@ int main(int argc, char** argv) {
       if (dist_sampler) dist_sampler->set_epoch(epoch);  // DDP: same new shuffle on every rank
       model.train();
       const auto epoch_start = Clock::now();
+      mon.begin_epoch();
       double loss_sum = 0;
       int64_t correct = 0, seen = 0, epoch_steps = 0;
       int64_t micro = 0;  // micro-batches of this epoch so far
       for (auto& batch : train_loader) {
+        const auto in_batch = mon.batch_arrived();  // monitoring: the wait for data
         // This micro-batch's accumulation group: which micro-batches it spans, and whether this
         // one ends it (and so is followed by the optimizer step).
         const int64_t group_start = micro / accum * accum;
@@ -493,6 +546,7 @@ int main(int argc, char** argv) {
           std::optional<distributed::DDP::NoSyncGuard> no_sync;  // DDP:
           if (ddp && !steps_now) no_sync.emplace(*ddp);          // DDP:
           {  // --amp: forward and loss under autocast; backward follows what they recorded
+            const auto timed = mon.phase("forward");
             std::optional<amp::AutocastGuard> autocast;
             if (amp_dtype) autocast.emplace(device, *amp_dtype);
             logits = model(b.images);
@@ -501,8 +555,10 @@ int main(int argc, char** argv) {
           // Dividing by the group size makes the summed gradient the mean over the group.
           Tensor to_backward = group_size > 1 ? ddplab::div(loss, group_size) : loss;
           // Under DDP, the group's last backward also averages the gradients over the ranks.
+          const auto timed = mon.phase("backward");
           scaler.scale(to_backward).backward();
         }
+        if (ddp) mon.reducer_iteration(ddp->reducer().last_iteration_timeline());  // monitoring
         const int64_t n = b.labels.size(0);
         loss_sum += loss.item<double>() * static_cast<double>(n);
         correct += std::llround(F::accuracy(logits.detach(), b.labels) * static_cast<double>(n));
@@ -511,6 +567,7 @@ int main(int argc, char** argv) {
 
         // The gradients are now the same on every rank (DDP), so the norm, the clipping and the
         // overflow decision are the same everywhere too.
+        auto timed = mon.phase("optimizer step");
         scaler.unscale_(opt);  // true gradients for the norm (a no-op without --grad-scaler)
         grad_norm = optim::clip_grad_norm_(
             params, c.clip_grad_norm > 0 ? c.clip_grad_norm : optim::kInfNorm);
@@ -518,7 +575,9 @@ int main(int argc, char** argv) {
         if (!stepped) ++skipped_steps;
         scaler.update();
         opt.zero_grad();
+        const double lr = opt.lr();  // the rate this step used
         sched->step();
+        timed.end();
         ++step;
         ++epoch_steps;
         // A skipped step's norm is inf by definition: the scaler has dealt with it.
@@ -534,6 +593,13 @@ int main(int argc, char** argv) {
         double run_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
         double eta = run_secs / static_cast<double>(step) * static_cast<double>(total_steps - step);
         bool last = step >= total_steps || epoch_steps == steps_per_epoch;
+        mon.end_step(step,
+                     {{"train/loss", loss_sum / static_cast<double>(seen)},
+                      {"train/accuracy", static_cast<double>(correct) / static_cast<double>(seen)},
+                      {"lr", lr},
+                      {"grad_norm", grad_norm},
+                      {"loss_scale", scaler.get_scale()},
+                      {"images_per_sec", ips * world}});
         if (main_rank) {  // DDP: rank 0 prints (ips * world: the whole job's speed)
           bar.update(epoch, epoch_steps, steps_per_epoch, loss_sum / static_cast<double>(seen),
                      static_cast<double>(correct) / static_cast<double>(seen), ips * world, eta,
@@ -541,10 +607,16 @@ int main(int argc, char** argv) {
         }
         if (step >= total_steps) break;
       }
-      if (!main_rank) continue;  // DDP: rank 0 alone evaluates (the inner model: no communication)
-      bar.end_line();
       const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-      const double test_acc = evaluate(*net, test_loader, device);
+      const monitor::EpochTimes times = mon.end_epoch();
+      // DDP: every rank evaluates its share of the test set; one all-reduce sums the counts.
+      const double test_acc = evaluate(*net, d, c, device, pg);
+      if (mon.writer()) {
+        mon.writer()->add_scalar("val/accuracy", test_acc, step);
+        mon.writer()->flush();
+      }
+      if (!main_rank) continue;  // DDP: rank 0 prints and saves
+      bar.end_line();
       const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       const double train_loss = seen ? loss_sum / static_cast<double>(seen) : 0.0;
       const double train_acc =
@@ -554,20 +626,20 @@ int main(int argc, char** argv) {
           "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
           "%.1f s, lr %.5f\n",
           epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
+      print_epoch_summary(times, ddp != nullptr, mon.writer() || mon.trace(), c);
       std::fflush(stdout);
-      if (metrics.is_open()) {
-        nlohmann::json j = {{"epoch", epoch},           {"step", step},
-                            {"train_loss", train_loss}, {"train_acc", train_acc},
-                            {"test_acc", test_acc},     {"images_per_sec", ips},
-                            {"seconds", seconds},       {"grad_norm", grad_norm}};
+      if (metrics) {
+        nlohmann::ordered_json j = {{"epoch", epoch},           {"step", step},
+                                    {"train_loss", train_loss}, {"train_acc", train_acc},
+                                    {"test_acc", test_acc},     {"images_per_sec", ips},
+                                    {"seconds", seconds},       {"grad_norm", grad_norm}};
         if (c.grad_scaler) {
           j["loss_scale"] = scaler.get_scale();
           j["skipped_steps"] = skipped_steps;
         }
         // DDP: rounds of bucket all-reduces so far; with accumulation, equal to "step".
         if (ddp) j["grad_sync_rounds"] = ddp->reducer().num_synchronized_backwards();
-        metrics << j.dump() << "\n";
-        metrics.flush();
+        metrics->write(j);
       }
       if (!c.save.empty()) nn::save(*net, c.save);
     }
