@@ -58,8 +58,9 @@ EvalResult evaluate_sharded(nn::Module& model, const std::shared_ptr<const data:
   }
   model.train(was_training);
   if (pg) {  // one all-reduce of the two counts (int64: exact at any size)
-    Tensor counts = ops::from_vector<int64_t>({r.correct, r.total}, {2});
-    if (pg->device().is_cuda()) counts = ops::to(counts, pg->device());
+    TensorOptions on_group(kInt64);
+    on_group.device = pg->device();
+    Tensor counts = ops::from_vector<int64_t>({r.correct, r.total}, {2}, on_group);
     pg->all_reduce(counts, ReduceOp::Sum)->wait();
     const std::vector<int64_t> sum = ops::to(counts, kCPU).to_vector<int64_t>();
     r.correct = sum[0];
