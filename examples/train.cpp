@@ -13,7 +13,8 @@
 // data::Sampler (give each rank its share). Every line that single-process training would not
 // need is marked `// DDP:`; setup_distributed() joins the job. Gradient accumulation
 // (--accumulation-steps), clipping (--clip-grad-norm) and loss scaling (--grad-scaler) sit
-// between backward and the optimizer step. See docs/training.md.
+// between backward and the optimizer step. Monitoring (--logdir, --trace-dir, the epoch summary)
+// reports to a monitor::StepMonitor. See docs/training.md and docs/monitoring.md.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -245,7 +246,7 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const Config& c, optim::Optimi
 struct Distributed {
   std::shared_ptr<distributed::ProcessGroup> pg;  // null when training alone
   int world = 1;
-  bool main_rank = true;  // rank 0 prints, evaluates and saves
+  bool main_rank = true;  // rank 0 prints and saves
 };
 
 // Under ddprun/torchrun (WORLD_SIZE > 1) this process is one rank of a DDP job: it joins the

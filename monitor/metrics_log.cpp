@@ -1,6 +1,7 @@
 // MetricsLog: JSON lines or CSV rows (see metrics_log.h).
 #include "monitor/metrics_log.h"
 
+#include <filesystem>
 #include <sstream>
 
 #include "tensor/error.h"
@@ -35,6 +36,9 @@ std::string csv_field(const nlohmann::ordered_json& v) {
 
 MetricsLog::MetricsLog(const std::string& path) : path_(path), csv_(ends_with(path, ".csv")) {
   if (csv_) columns_ = read_header(path);
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;  // a failure shows as the open's error below
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   out_.open(path, std::ios::app);
   DDP_CHECK(out_.good(), "--metrics: cannot open '" << path << "' for appending");
 }

@@ -18,7 +18,7 @@ namespace ddplab::monitor {
 
 class MetricsLog {
  public:
-  // Opens `path` for appending; throws Error when it cannot.
+  // Opens `path` for appending (creating its folder); throws Error when it cannot.
   explicit MetricsLog(const std::string& path);
   // One row: a flat JSON object of numbers (or strings).
   void write(const nlohmann::ordered_json& row);
