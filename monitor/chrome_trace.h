@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,7 +52,12 @@ class ChromeTrace {
   const std::string& path() const { return path_; }
 
  private:
-  void write(nlohmann::json event);
+  void write(nlohmann::json event);  // a metadata event
+  void write_line(const std::string& line);
+  // One event as a JSON line (Note [Trace events by snprintf]); dur_ns < 0: an instant.
+  std::string event_line(const std::string& name, const std::string& category, const char* phase,
+                         int tid, int64_t ts_ns, int64_t dur_ns,
+                         const std::string& args_json) const;
 
   std::string path_;
   int pid_;
