@@ -68,13 +68,13 @@ int64_t DataLoader::size() const {
 
 void DataLoader::begin_epoch() {
   auto plan = std::make_shared<Plan>();
-  plan->indices = sampler_->indices(epoch_);
-  plan->epoch = epoch_;
+  plan->epoch = sampler_->epoch();
+  plan->indices = sampler_->indices(plan->epoch);
   const auto n = static_cast<int64_t>(plan->indices.size());
   plan->num_batches =
       opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
   int64_t first = 0;
-  if (resume_pending_ && resume_.epoch == epoch_) {
+  if (resume_pending_ && resume_.epoch == plan->epoch) {
     first = std::min(resume_.batches_yielded, plan->num_batches);
     resume_pending_ = false;
   }
@@ -92,7 +92,7 @@ void DataLoader::begin_epoch() {
 DataLoaderState DataLoader::state_dict() const {
   // next_to_yield_ is written only by the consumer's thread, the one calling this.
   if (resume_pending_) return resume_;
-  if (!plan_) return {epoch_, 0};
+  if (!plan_) return {sampler_->epoch(), 0};
   return {plan_->epoch, next_to_yield_};
 }
 
@@ -100,7 +100,7 @@ void DataLoader::load_state_dict(const DataLoaderState& state) {
   DDP_CHECK(state.epoch >= 0 && state.batches_yielded >= 0,
             "DataLoader::load_state_dict: invalid position (epoch "
                 << state.epoch << ", batch " << state.batches_yielded << ")");
-  epoch_ = state.epoch;
+  sampler_->set_epoch(state.epoch);
   resume_ = state;
   resume_pending_ = true;
   // Forget the epoch in progress, so the next next() begins the resumed one.

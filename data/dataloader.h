@@ -60,7 +60,9 @@ struct DataLoaderOptions {
   int prefetch_factor = 2;  // batches each worker may build ahead of the consumer
   bool pin_memory = false;  // allocate batches in page-locked memory
   uint64_t seed = 0;        // the shuffle order and the augmentation randomness
-  std::shared_ptr<const Sampler> sampler;  // overrides `shuffle` (e.g. a DistributedSampler)
+  // Overrides `shuffle` (e.g. a DistributedSampler). The loader calls its set_epoch, so it is
+  // not const.
+  std::shared_ptr<Sampler> sampler;
 };
 
 // Where a loader stands within training (what a checkpoint records): the epoch and how many of
@@ -79,9 +81,11 @@ class DataLoader {
   DataLoader& operator=(const DataLoader&) = delete;
 
   // The epoch the next begin_epoch() (or range-for) runs: it picks the shuffle order and the
-  // augmentation, as PyTorch's DistributedSampler.set_epoch.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
-  int64_t epoch() const { return epoch_; }
+  // augmentation. The epoch lives in the sampler (PyTorch's sampler.set_epoch): this sets it
+  // there, and a user's own sampler->set_epoch(e) works the same (the last call wins).
+  void set_epoch(int64_t epoch) { sampler_->set_epoch(epoch); }
+  int64_t epoch() const { return sampler_->epoch(); }
+  const Sampler& sampler() const { return *sampler_; }
   // Batches per epoch (len(loader) in PyTorch).
   int64_t size() const;
   const DataLoaderOptions& options() const { return opts_; }
@@ -139,8 +143,7 @@ class DataLoader {
 
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions opts_;
-  std::shared_ptr<const Sampler> sampler_;
-  int64_t epoch_ = 0;
+  std::shared_ptr<Sampler> sampler_;
   DataLoaderState resume_;  // a loaded position, consumed by begin_epoch of resume_.epoch
   bool resume_pending_ = false;
 

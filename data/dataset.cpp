@@ -1,5 +1,7 @@
-// Dataset::get and the in-memory image dataset.
+// Dataset::get, the in-memory image dataset and TensorDataset.
 #include "data/dataset.h"
+
+#include <algorithm>
 
 #include "tensor/ops.h"
 
@@ -52,6 +54,34 @@ const uint8_t* ImageDataset::raw_image(int64_t index) const {
 int64_t ImageDataset::get_into(int64_t index, float* dst, const SampleRng& rng) const {
   transform_.apply(raw_image(index), shape_, layout_, dst, rng);
   return labels_[static_cast<size_t>(index)];
+}
+
+TensorDataset::TensorDataset(const Tensor& inputs, const Tensor& targets) {
+  DDP_CHECK(inputs.defined() && targets.defined(), "TensorDataset: an undefined tensor");
+  DDP_CHECK(inputs.dim() >= 1 && inputs.dtype() == kFloat32,
+            "TensorDataset: inputs must be float32 with a first (sample) dimension, got "
+                << dtype_name(inputs.dtype()) << " of " << inputs.dim() << " dimensions");
+  DDP_CHECK(targets.dim() == 1 && targets.dtype() == kInt64,
+            "TensorDataset: targets must be a 1-d int64 tensor of labels, got "
+                << dtype_name(targets.dtype()) << " of " << targets.dim() << " dimensions");
+  DDP_CHECK(inputs.size(0) == targets.size(0),
+            "TensorDataset: " << inputs.size(0) << " inputs but " << targets.size(0) << " targets");
+  // Contiguous CPU copies: get_into reads sample i as one run of floats, from any thread.
+  inputs_ = ops::contiguous(ops::to(inputs, kCPU));
+  targets_ = ops::contiguous(ops::to(targets, kCPU));
+  sample_numel_ = inputs.size(0) > 0 ? inputs_.numel() / inputs.size(0) : 0;
+}
+
+Shape TensorDataset::sample_shape() const {
+  return Shape(inputs_.shape().begin() + 1, inputs_.shape().end());
+}
+
+int64_t TensorDataset::get_into(int64_t index, float* dst, const SampleRng& /*rng*/) const {
+  DDP_CHECK(index >= 0 && index < size(),
+            "TensorDataset: index " << index << " is out of range for " << size() << " samples");
+  const float* src = inputs_.data_ptr<float>() + index * sample_numel_;
+  std::copy(src, src + sample_numel_, dst);
+  return targets_.data_ptr<int64_t>()[index];
 }
 
 }  // namespace ddplab::data

@@ -1,5 +1,5 @@
-// Dataset: the interface the DataLoader reads samples through, and the in-memory image dataset
-// that CIFAR, MNIST and ImageFolder all are.
+// Dataset: the interface the DataLoader reads samples through, the in-memory image dataset that
+// CIFAR, MNIST and ImageFolder all are, and TensorDataset for samples already in tensors.
 //
 // A sample is (image, label). `get(index)` returns it as a fresh tensor, the way a PyTorch user
 // expects. The DataLoader instead calls `get_into`, which writes the transformed float image
@@ -72,6 +72,29 @@ class ImageDataset : public Dataset {
   Layout layout_ = Layout::kCHW;
   std::vector<std::string> classes_;
   Transform transform_;
+};
+
+// Samples that are already tensors, as PyTorch's TensorDataset(inputs, targets): sample i is
+// inputs[i] (float32, any shape after the first dimension) with label targets[i] (int64). No
+// transform: what is in the tensor is what the loader batches.
+//
+//   data::TensorDataset ds(ops::randn({100, 1, 8, 8}), labels);   // labels: int64 [100]
+class TensorDataset : public Dataset {
+ public:
+  // Keeps the tensors (contiguous CPU copies when they are not already); checks the dtypes and
+  // that both have the same first dimension.
+  TensorDataset(const Tensor& inputs, const Tensor& targets);
+
+  int64_t size() const override { return inputs_.size(0); }
+  Shape sample_shape() const override;
+  int64_t get_into(int64_t index, float* dst, const SampleRng& rng) const override;
+
+  const Tensor& inputs() const { return inputs_; }
+  const Tensor& targets() const { return targets_; }
+
+ private:
+  Tensor inputs_, targets_;
+  int64_t sample_numel_ = 0;
 };
 
 }  // namespace ddplab::data

@@ -1,9 +1,12 @@
 // Samplers: which dataset indices an epoch visits, and in what order.
 //
-// A sampler is a function of the epoch number only (no hidden state), so rank r of a distributed
-// job, a restarted job, and a loader with any number of workers all see the same order for the
-// same (seed, epoch). The DistributedSampler (distributed/sampler.h) implements this interface to
-// give each rank its share.
+// A sampler's order is a function of the epoch number only, so rank r of a distributed job, a
+// restarted job, and a loader with any number of workers all see the same order for the same
+// (seed, epoch). Its one piece of state is the current epoch, set as in PyTorch with
+// set_epoch(): the DataLoader reads it when an epoch begins, so `sampler->set_epoch(e)` and
+// `loader.set_epoch(e)` (which forwards to its sampler) both choose the epoch. The
+// DistributedSampler (distributed/sampler.h) implements this interface to give each rank its
+// share.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,16 @@ class Sampler {
   virtual std::vector<int64_t> indices(int64_t epoch) const = 0;
   // How many indices each epoch has (for len(loader)).
   virtual int64_t size() const = 0;
+
+  // The epoch the next DataLoader epoch visits (PyTorch's set_epoch). Without it every epoch
+  // repeats epoch 0's order, exactly as in PyTorch.
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+  // The indices of the epoch given to set_epoch.
+  std::vector<int64_t> indices() const { return indices(epoch_); }
+
+ private:
+  int64_t epoch_ = 0;
 };
 
 // 0, 1, ..., n-1 every epoch.

@@ -44,6 +44,7 @@ void IterationRecorder::backward_ended() {
 
 void IterationRecorder::finalized() {
   current_.finalized_ms = now_ms();
+  current_.start = t0_;
   last_ = current_;
 }
 

@@ -4,7 +4,7 @@
 // The Reducer makes one call per event (a gradient arrived, a bucket was launched, ...) and the
 // recorder does the clock arithmetic, so reducer.cpp reads as the algorithm. The result of the
 // last completed iteration is an IterationTimeline: what tests check overlap with, what
-// bench/bench_ddp prints, and what the monitoring tools are meant to render (not written yet).
+// bench/bench_ddp prints, and what the monitoring tools render (monitor/chrome_trace.h).
 #pragma once
 
 #include <chrono>
@@ -26,8 +26,9 @@ struct BucketTimes {
   int64_t grads_ready_at_launch = -1;
 };
 struct IterationTimeline {
-  int64_t iteration = -1;              // counts synchronized backward passes from 0
-  std::vector<BucketTimes> buckets;    // by bucket index
+  int64_t iteration = -1;                         // counts synchronized backward passes from 0
+  std::chrono::steady_clock::time_point start{};  // the clock's zero: when backward started
+  std::vector<BucketTimes> buckets;               // by bucket index
   std::vector<double> param_ready_ms;  // by parameter index; -1 for a parameter marked unused
   double backward_end_ms = -1;         // the end-of-backward callback started
   double finalized_ms = -1;            // all averaged gradients were in .grad

@@ -22,15 +22,14 @@ class DistributedSampler : public data::Sampler {
   DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle = true,
                      uint64_t seed = 0, bool drop_last = false);
 
-  // The epoch the argument-less indices() uses. Call it at the start of every epoch: without it
-  // every epoch repeats the same order, exactly as in PyTorch.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
-  int64_t epoch() const { return epoch_; }
+  // set_epoch(e) (from data::Sampler) picks the epoch: call it at the start of every epoch,
+  // directly or through DataLoader::set_epoch; without it every epoch repeats the same order,
+  // exactly as in PyTorch.
 
   // This rank's indices for `epoch` (the Sampler interface; ignores set_epoch).
   std::vector<int64_t> indices(int64_t epoch) const override;
   // This rank's indices for the epoch given to set_epoch.
-  std::vector<int64_t> indices() const { return indices(epoch_); }
+  using data::Sampler::indices;
   // Samples per rank per epoch.
   int64_t size() const override { return num_samples_; }
   int64_t num_samples() const { return num_samples_; }
@@ -49,7 +48,6 @@ class DistributedSampler : public data::Sampler {
   uint64_t seed_;
   bool drop_last_;
   int64_t num_samples_;
-  int64_t epoch_ = 0;
 };
 
 }  // namespace ddplab::distributed

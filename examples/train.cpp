@@ -13,9 +13,10 @@
 // data::Sampler (give each rank its share). Every line that single-process training would not
 // need is marked `// DDP:`; setup_distributed() joins the job. Gradient accumulation
 // (--accumulation-steps), clipping (--clip-grad-norm) and loss scaling (--grad-scaler) sit
-// between backward and the optimizer step. See docs/training.md. Fault tolerance (checkpoints,
-// resume, rollback) lives in train_checkpoint.{h,cpp}: the loop calls it after each step and
-// each epoch (docs/checkpoints.md).
+// between backward and the optimizer step. Fault tolerance (checkpoints, resume, rollback) lives
+// in train_checkpoint.{h,cpp}: the loop calls it after each step and each epoch
+// (docs/checkpoints.md). Monitoring (--logdir, --trace-dir, the epoch summary) reports to a
+// monitor::StepMonitor (docs/monitoring.md). See docs/training.md.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -39,12 +40,15 @@
 #include "data/image_folder.h"
 #include "data/mnist.h"
 #include "distributed/ddp.h"
+#include "distributed/evaluate.h"
 #include "distributed/init_process_group.h"
 #include "distributed/sampler.h"
+#include "distributed/zero_redundancy_optimizer.h"
 #include "examples/cli_config.h"
 #include "examples/train_checkpoint.h"
-#include "distributed/zero_redundancy_optimizer.h"
 #include "models/models.h"
+#include "monitor/metrics_log.h"
+#include "monitor/step_monitor.h"
 #include "nn/autocast.h"
 #include "nn/checkpoint.h"
 #include "nn/functional.h"
@@ -95,6 +99,10 @@ struct Config {
   std::string amp;  // "" (float32), "bf16" or "fp16": autocast's dtype (nn/autocast.h)
   bool deterministic = false;
   train::CheckpointOptions checkpoint;  // --checkpoint-*, --resume, --rollback-* (fault tolerance)
+  // Monitoring (docs/monitoring.md).
+  std::string logdir, trace_dir;   // TensorBoard event files; Chrome traces per rank
+  double comm_wait_warn = 0.10;    // warn when waiting on communication exceeds this share
+  double allreduce_warn_ms = 100;  // warn when the mean all-reduce takes longer
 };
 
 // Checks the flags that CLI11 cannot check alone, before any data is loaded; returns an error
@@ -128,6 +136,9 @@ std::string validate(const Config& c) {
   } else if (!(c.grad_norm_warn >= 0)) {
     err << "--grad-norm-warn must be >= 0 (got " << c.grad_norm_warn
         << "); 0 turns the warning off";
+  } else if (!(c.comm_wait_warn >= 0) || !(c.allreduce_warn_ms >= 0)) {
+    err << "--comm-wait-warn and --allreduce-warn-ms must be >= 0 (got " << c.comm_wait_warn
+        << " and " << c.allreduce_warn_ms << "); 0 turns the warning off";
   } else if (!(c.collective_timeout >= 0)) {
     err << "--collective-timeout must be >= 0 seconds (got " << c.collective_timeout
         << "); 0 takes DDPLAB_COLLECTIVE_TIMEOUT, else 30 minutes";
@@ -317,7 +328,7 @@ std::unique_ptr<optim::LRScheduler> make_schedule(const Config& c, optim::Optimi
 struct Distributed {
   std::shared_ptr<distributed::ProcessGroup> pg;  // null when training alone
   int world = 1;
-  bool main_rank = true;  // rank 0 prints, evaluates and saves
+  bool main_rank = true;  // rank 0 prints and saves
 };
 
 // Under ddprun/torchrun (WORLD_SIZE > 1) this process is one rank of a DDP job: it joins the
@@ -379,20 +390,61 @@ class Progress {
   Clock::time_point last_{};
 };
 
-// Top-1 accuracy of `model` over a loader, in eval mode, without autograd.
-double evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
-  autograd::NoGradGuard no_grad;
-  model.eval();
-  int64_t correct = 0, total = 0;
-  for (auto& batch : loader) {
-    data::Batch b = device.is_cuda() ? batch.to(device, true) : batch;
-    Tensor logits = model(b.images);
-    int64_t n = b.labels.size(0);
-    correct += std::llround(F::accuracy(logits, b.labels) * static_cast<double>(n));
-    total += n;
+// --- monitoring and evaluation ---------------------------------------------------------------
+
+// Test accuracy of the inner model, every rank evaluating its share (distributed/evaluate.h).
+double evaluate(nn::Module& net, const Data& d, const Config& c, Device device,
+                const std::shared_ptr<distributed::ProcessGroup>& pg) {
+  // DDP: each rank's last forward updated its BatchNorm running statistics from its own batch;
+  // evaluate rank 0's model on every rank, as rank 0 alone would.
+  if (pg) {
+    std::vector<Tensor> buffers;
+    for (const auto& [name, buffer] : net.named_buffers()) buffers.push_back(buffer);
+    if (!buffers.empty()) distributed::broadcast_coalesced(*pg, buffers, 0);
   }
-  model.train();
-  return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+  distributed::EvalOptions o;
+  o.batch_size = std::max<int64_t>(c.batch_size, 256);
+  o.num_workers = c.num_workers;
+  o.device = device;
+  o.limit = c.test_subset;
+  return distributed::evaluate_sharded(net, d.test, o, pg.get()).accuracy();
+}
+
+// --logdir, --trace-dir and the thresholds of the epoch summary's warnings.
+void add_monitoring_flags(CLI::App& app, Config& c) {
+  app.add_option("--logdir", c.logdir, "write TensorBoard event files here (docs/monitoring.md)");
+  app.add_option("--trace-dir", c.trace_dir,
+                 "write a Chrome trace per rank here (DIR/rank<r>.json; tools/merge-traces)");
+  app.add_option("--comm-wait-warn", c.comm_wait_warn,
+                 "DDP: warn when this share of step time waits on communication (0: never)")
+      ->capture_default_str();
+  app.add_option("--allreduce-warn-ms", c.allreduce_warn_ms,
+                 "DDP: warn when the mean all-reduce takes longer (ms; 0: never)")
+      ->capture_default_str();
+}
+
+// The epoch summary of rank 0: where step time went, and the labs' warnings.
+void print_epoch_summary(const monitor::EpochTimes& t, bool ddp, bool monitoring, const Config& c) {
+  if (t.steps == 0) return;
+  std::printf("  %.1f ms/step", 1e3 * t.step_seconds / static_cast<double>(t.steps));
+  if (ddp) {
+    std::printf("; waiting on communication %.1f%% of step time; mean all-reduce %.2f ms",
+                100 * t.comm_wait_share(), t.mean_allreduce_ms());
+  }
+  if (monitoring) std::printf("; monitoring %.2f%%", 100 * t.monitor_share());
+  std::printf("\n");
+  if (ddp && c.comm_wait_warn > 0 && t.comm_wait_share() > c.comm_wait_warn) {
+    std::printf(
+        "warning: %.1f%% of step time waits on communication (> %.0f%%): backward no longer "
+        "hides the all-reduces; try a larger --batch-size or --accumulation-steps\n",
+        100 * t.comm_wait_share(), 100 * c.comm_wait_warn);
+  }
+  if (ddp && c.allreduce_warn_ms > 0 && t.mean_allreduce_ms() > c.allreduce_warn_ms) {
+    std::printf(
+        "warning: a bucket all-reduce takes %.1f ms on average (> %g ms): check the "
+        "network or the backend\n",
+        t.mean_allreduce_ms(), c.allreduce_warn_ms);
+  }
 }
 
 }  // namespace
@@ -426,7 +478,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-shuffle", c.no_shuffle, "visit examples in file order");
   app.add_option("--init-from", c.init_from, "start from a safetensors state_dict");
   app.add_option("--save", c.save, "write the final state_dict (safetensors) here");
-  app.add_option("--metrics", c.metrics, "append one JSON line per epoch to this file");
+  app.add_option("--metrics", c.metrics,
+                 "append one row per epoch to this file: JSON lines, or CSV if it ends in .csv");
   app.add_option("--num-workers", c.num_workers, "data loading threads")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N examples only (quick runs)");
   app.add_flag("--any-record-count", c.any_record_count,
@@ -451,6 +504,7 @@ int main(int argc, char** argv) {
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
   app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
       ->check(CLI::IsMember({"bf16", "fp16"}));
+  add_monitoring_flags(app, c);
   app.add_flag("--deterministic", c.deterministic,
                "bitwise reproducible CPU training (fixed thread count; docs/checkpoints.md)");
   train::add_checkpoint_flags(app, c.checkpoint);
@@ -491,7 +545,7 @@ int main(int argc, char** argv) {
     if (main_rank) {  // DDP: rank 0 prints and saves
       // Every flag's value, defaults included: saved as a file, `--config FILE` repeats the run.
       std::printf("effective config:\n%s", config_toml.c_str());
-      save_config(config_toml, {c.checkpoint.dir});
+      save_config(config_toml, {c.checkpoint.dir, c.logdir, c.trace_dir});
     }
     // Fault tolerance: the checkpoint to resume from (every rank the same), before data loads.
     train::Checkpointing checkpointing(c.checkpoint, pg);
@@ -500,7 +554,7 @@ int main(int argc, char** argv) {
     // Data.
     Data d = load_data(c);
     int64_t n_train = c.subset > 0 ? std::min<int64_t>(c.subset, d.train->size()) : d.train->size();
-    std::shared_ptr<const data::Sampler> train_sampler;
+    std::shared_ptr<data::Sampler> train_sampler;
     std::shared_ptr<distributed::DistributedSampler> dist_sampler;  // DDP:
     if (pg) {  // DDP: this rank's share; padded so every rank runs the same number of steps
       dist_sampler = std::make_shared<distributed::DistributedSampler>(n_train, world, pg->rank(),
@@ -518,14 +572,6 @@ int main(int argc, char** argv) {
     train_opts.pin_memory = device.is_cuda();
     train_opts.sampler = train_sampler;
     data::DataLoader train_loader(d.train, train_opts);
-    data::DataLoaderOptions test_opts = train_opts;
-    test_opts.sampler = nullptr;
-    if (c.test_subset > 0) {
-      test_opts.sampler = std::make_shared<data::ListSampler>(
-          first_n(std::min<int64_t>(c.test_subset, d.test->size())));
-    }
-    test_opts.batch_size = std::max<int64_t>(c.batch_size, 256);
-    data::DataLoader test_loader(d.test, test_opts);
 
     // Model.
     const Shape sample = d.train->sample_shape();  // [C, H, W]
@@ -602,11 +648,11 @@ int main(int argc, char** argv) {
     train::LoopState loop;
     if (resumed) checkpointing.restore(trainables, loop, resumed->state);
 
-    std::ofstream metrics;
-    if (!c.metrics.empty()) {
-      metrics.open(c.metrics, std::ios::app);
-      if (!metrics) throw Error("--metrics: cannot open '" + c.metrics + "' for appending");
-    }
+    std::optional<monitor::MetricsLog> metrics;
+    if (!c.metrics.empty() && main_rank) metrics.emplace(c.metrics);
+    // Monitoring: phase times, TensorBoard (rank 0), a trace per rank (docs/monitoring.md).
+    monitor::StepMonitor mon({c.logdir, c.trace_dir, pg ? pg->rank() : 0});
+    if (mon.writer()) mon.writer()->add_text("backend", pg ? pg->backend_name() : "none", 0);
     Progress bar;
     const int64_t first_step = loop.step;  // > 0 when resumed: the ETA counts this run's steps
     const auto run_start = Clock::now();
@@ -618,7 +664,9 @@ int main(int argc, char** argv) {
       model.train();
       const auto epoch_start = Clock::now();
       const int64_t seen_before = loop.seen;  // examples of this epoch a resumed run did not see
+      mon.begin_epoch();
       for (auto& batch : train_loader) {
+        const auto in_batch = mon.batch_arrived();  // monitoring: the wait for data
         // This micro-batch's accumulation group: which micro-batches it spans, and whether this
         // one ends it (and so is followed by the optimizer step).
         const int64_t group_start = loop.micro / accum * accum;
@@ -633,6 +681,7 @@ int main(int argc, char** argv) {
           std::optional<distributed::DDP::NoSyncGuard> no_sync;  // DDP:
           if (ddp && !steps_now) no_sync.emplace(*ddp);          // DDP:
           {  // --amp: forward and loss under autocast; backward follows what they recorded
+            const auto timed = mon.phase("forward");
             std::optional<amp::AutocastGuard> autocast;
             if (amp_dtype) autocast.emplace(device, *amp_dtype);
             logits = model(b.images);
@@ -641,8 +690,10 @@ int main(int argc, char** argv) {
           // Dividing by the group size makes the summed gradient the mean over the group.
           Tensor to_backward = group_size > 1 ? ddplab::div(loss, group_size) : loss;
           // Under DDP, the group's last backward also averages the gradients over the ranks.
+          const auto timed = mon.phase("backward");
           scaler.scale(to_backward).backward();
         }
+        if (ddp) mon.reducer_iteration(ddp->reducer().last_iteration_timeline());  // monitoring
         const int64_t n = b.labels.size(0);
         loop.loss_sum += loss.item<double>() * static_cast<double>(n);
         loop.correct +=
@@ -652,6 +703,7 @@ int main(int argc, char** argv) {
 
         // The gradients are now the same on every rank (DDP), so the norm, the clipping and the
         // overflow decision are the same everywhere too.
+        auto timed = mon.phase("optimizer step");
         scaler.unscale_(opt);  // true gradients for the norm (a no-op without --grad-scaler)
         loop.grad_norm = optim::clip_grad_norm_(
             params, c.clip_grad_norm > 0 ? c.clip_grad_norm : optim::kInfNorm);
@@ -659,7 +711,9 @@ int main(int argc, char** argv) {
         if (!stepped) ++loop.skipped_steps;
         scaler.update();
         opt.zero_grad();
+        const double lr = opt.lr();  // the rate this step used
         sched->step();
+        timed.end();
         ++loop.step;
         ++loop.epoch_steps;
         // A skipped step's norm is inf by definition: the scaler has dealt with it.
@@ -677,6 +731,13 @@ int main(int argc, char** argv) {
         double eta = run_secs / static_cast<double>(loop.step - first_step) *
                      static_cast<double>(total_steps - loop.step);
         bool last = loop.step >= total_steps || loop.epoch_steps == steps_per_epoch;
+        mon.end_step(loop.step, {{"train/loss", loop.loss_sum / static_cast<double>(loop.seen)},
+                                 {"train/accuracy", static_cast<double>(loop.correct) /
+                                                        static_cast<double>(loop.seen)},
+                                 {"lr", lr},
+                                 {"grad_norm", loop.grad_norm},
+                                 {"loss_scale", scaler.get_scale()},
+                                 {"images_per_sec", ips * world}});
         if (main_rank) {  // DDP: rank 0 prints (ips * world: the whole job's speed)
           bar.update(epoch, loop.epoch_steps, steps_per_epoch,
                      loop.loss_sum / static_cast<double>(loop.seen),
@@ -685,11 +746,16 @@ int main(int argc, char** argv) {
         }
         if (loop.step >= total_steps) break;
       }
-      double test_acc = 0;
-      if (main_rank) {  // DDP: rank 0 alone evaluates (the inner model: no communication)
+      const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      const monitor::EpochTimes times = mon.end_epoch();
+      // DDP: every rank evaluates its share of the test set; one all-reduce sums the counts.
+      const double test_acc = train::planted_accuracy(epoch, evaluate(*net, d, c, device, pg));
+      if (mon.writer()) {
+        mon.writer()->add_scalar("val/accuracy", test_acc, loop.step);
+        mon.writer()->flush();
+      }
+      if (main_rank) {  // DDP: rank 0 prints and writes the metrics
         bar.end_line();
-        const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-        test_acc = train::planted_accuracy(epoch, evaluate(*net, test_loader, device));
         const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
         const double seen = static_cast<double>(loop.seen);
         const double train_loss = loop.seen ? loop.loss_sum / seen : 0.0;
@@ -700,20 +766,20 @@ int main(int argc, char** argv) {
             "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
             "%.1f s, lr %.5f\n",
             epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
+        print_epoch_summary(times, ddp != nullptr, mon.writer() || mon.trace(), c);
         std::fflush(stdout);
-        if (metrics.is_open()) {
-          nlohmann::json j = {{"epoch", epoch},           {"step", loop.step},
-                              {"train_loss", train_loss}, {"train_acc", train_acc},
-                              {"test_acc", test_acc},     {"images_per_sec", ips},
-                              {"seconds", seconds},       {"grad_norm", loop.grad_norm}};
+        if (metrics) {
+          nlohmann::ordered_json j = {{"epoch", epoch},           {"step", loop.step},
+                                      {"train_loss", train_loss}, {"train_acc", train_acc},
+                                      {"test_acc", test_acc},     {"images_per_sec", ips},
+                                      {"seconds", seconds},       {"grad_norm", loop.grad_norm}};
           if (c.grad_scaler) {
             j["loss_scale"] = scaler.get_scale();
             j["skipped_steps"] = loop.skipped_steps;
           }
           // DDP: rounds of bucket all-reduces so far; with accumulation, equal to "step".
           if (ddp) j["grad_sync_rounds"] = ddp->reducer().num_synchronized_backwards();
-          metrics << j.dump() << "\n";
-          metrics.flush();
+          metrics->write(j);
         }
       }
       // Every rank: rollback on an accuracy drop, the best and the epoch's checkpoints.

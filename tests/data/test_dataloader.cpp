@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "data/dataloader.h"
+#include "tensor/ops.h"
 #include "test_util.h"
 
 using namespace ddplab;
@@ -267,4 +268,63 @@ TEST_CASE("state_dict / load_state_dict resume mid-epoch with the same batches")
     Epoch next = run_epoch(b, 4);
     CHECK(next.indices.size() == 6);
   }
+}
+
+// PyTorch's contract: the sampler's epoch is what counts. Before this, the loader passed its own
+// epoch to the sampler, so a user's sampler->set_epoch(e) was silently ignored.
+TEST_CASE("DataLoader: a user's sampler->set_epoch changes the order, as loader.set_epoch does") {
+  auto ds = synthetic(40, {1, 2, 2});
+  auto sampler = std::make_shared<RandomSampler>(40, /*seed=*/3);
+  DataLoaderOptions o;
+  o.batch_size = 8;
+  o.sampler = sampler;
+  DataLoader loader(ds, o);
+  auto order = [&] {
+    std::vector<int64_t> out;
+    for (auto& b : loader) out.insert(out.end(), b.indices.begin(), b.indices.end());
+    return out;
+  };
+  const std::vector<int64_t> e0 = order();
+  sampler->set_epoch(1);  // the user's call, not the loader's
+  CHECK(loader.epoch() == 1);
+  const std::vector<int64_t> e1 = order();
+  CHECK(e1 != e0);
+  CHECK(e1 == sampler->indices(1));
+  loader.set_epoch(0);  // the loader forwards to the same sampler
+  CHECK(sampler->epoch() == 0);
+  CHECK(order() == e0);
+  // The augmentation follows the same epoch: the plan's epoch is the sampler's.
+  sampler->set_epoch(5);
+  loader.begin_epoch();
+  CHECK(loader.state_dict().epoch == 5);
+}
+
+TEST_CASE("TensorDataset: samples are the rows of the tensors; bad shapes are errors") {
+  std::vector<float> x(5 * 2 * 3);
+  std::iota(x.begin(), x.end(), 0.f);
+  const Tensor inputs = ops::from_vector<float>(x, {5, 2, 3});
+  const Tensor targets = ops::from_vector<int64_t>({4, 3, 2, 1, 0}, {5}, kInt64);
+  auto ds = std::make_shared<TensorDataset>(inputs, targets);
+  CHECK(ds->size() == 5);
+  CHECK(ds->sample_shape() == Shape{2, 3});
+  const Example e = ds->get(2);
+  CHECK(e.label == 2);
+  CHECK(e.image.to_vector<float>() == std::vector<float>{12, 13, 14, 15, 16, 17});
+  DataLoaderOptions o;
+  o.batch_size = 2;
+  DataLoader loader(ds, o);
+  int64_t seen = 0;
+  for (auto& b : loader) {
+    CHECK(b.images.shape() == Shape{b.labels.size(0), 2, 3});
+    for (int64_t k = 0; k < b.labels.size(0); ++k) {
+      CHECK(b.labels.to_vector<int64_t>()[k] == 4 - b.indices[k]);
+      CHECK(b.images.to_vector<float>()[k * 6] == static_cast<float>(b.indices[k] * 6));
+    }
+    seen += b.labels.size(0);
+  }
+  CHECK(seen == 5);
+  CHECK_THROWS_WITH(TensorDataset(inputs, ops::from_vector<int64_t>({1, 2}, {2}, kInt64)),
+                    doctest::Contains("5 inputs but 2 targets"));
+  CHECK_THROWS_WITH(TensorDataset(inputs, ops::from_vector<float>({1, 2, 3, 4, 5}, {5})),
+                    doctest::Contains("int64"));
 }
