@@ -547,12 +547,17 @@ void rewrap(const std::shared_ptr<ProcessGroup>& pg) {
   check(diff <= 1e-5, "parameters differ from the single-process run: " + std::to_string(diff));
 }
 
-void forward_only(const std::shared_ptr<ProcessGroup>& pg) {
-  const int64_t B = 8;
+// The mlp of rank-dependent init (DDP must broadcast) in buckets of about 2 KB: several buckets.
+std::shared_ptr<DDP> small_bucket_mlp(const std::shared_ptr<ProcessGroup>& pg) {
   DDPOptions o;
   o.reducer.bucket_cap_mb = 0.002;
   o.reducer.first_bucket_cap_mb = 0.001;
-  auto ddp = std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg, o);
+  return std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg, o);
+}
+
+void forward_only(const std::shared_ptr<ProcessGroup>& pg) {
+  const int64_t B = 8;
+  auto ddp = small_bucket_mlp(pg);
   // An evaluation with grad mode on: the Reducer is armed, no backward follows.
   loss_of(*ddp, global_batch(50, g_world * B).rows(g_rank * B, B));
   check(ddp->reducer().reduction_pending(), "the training forward should arm the reducer");
@@ -570,10 +575,7 @@ struct CountingState : CommHookState {
 
 void hook_calls(const std::shared_ptr<ProcessGroup>& pg) {
   const int64_t B = 8;
-  DDPOptions o;
-  o.reducer.bucket_cap_mb = 0.002;
-  o.reducer.first_bucket_cap_mb = 0.001;
-  auto ddp = std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg, o);
+  auto ddp = small_bucket_mlp(pg);
   auto state = std::make_shared<CountingState>(pg);
   ddp->register_comm_hook(state, [](CountingState& s, GradBucket& b) {
     s.current.push_back(b.index());
@@ -820,10 +822,7 @@ void join(const std::shared_ptr<ProcessGroup>& pg, bool throw_early) {
     ref_opt.step();
   }
 
-  DDPOptions o;
-  o.reducer.bucket_cap_mb = 0.002;
-  o.reducer.first_bucket_cap_mb = 0.001;
-  auto ddp = std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg, o);
+  auto ddp = small_bucket_mlp(pg);
   optim::SGD opt(ddp->parameters(), sgd_options());
   double worst = 0;
   std::string raised;
