@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "autograd/functions.h"
 #include "autograd/node.h"
 #include "distributed/model_check.h"
 #include "tensor/ops.h"
@@ -96,6 +97,7 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
     // Under a Join rank 0 may have stopped early: the buffers of the highest running rank win.
     sync_buffers(joining ? find_common_rank(true) : 0);
   }
+  if (joining) last_input_ = x;
   Tensor out = module_->forward(x);
   if (sync) reducer_->prepare_for_backward({out}, options_.find_unused_parameters);
   return out;
@@ -127,7 +129,37 @@ void DistributedDataParallel::join_shadow_iteration() {
   if (options_.broadcast_buffers && pg_->size() > 1 && !module_->buffers().empty()) {
     sync_buffers(find_common_rank(false));
   }
-  reducer_->shadow_backward(options_.find_unused_parameters);
+  bool has_collectives = false;  // Note [Join] in join.cpp: such a model is replayed
+  module_->apply([&](nn::Module& m) { has_collectives |= m.type_name() == "SyncBatchNorm"; });
+  if (has_collectives) {
+    join_replay_iteration();
+  } else {
+    reducer_->shadow_backward(options_.find_unused_parameters);
+  }
+}
+
+void DistributedDataParallel::join_replay_iteration() {
+  DDP_CHECK(last_input_.defined(),
+            "Join: this rank ran out of inputs before its first training forward, so it cannot "
+            "replay one to match the collectives of the model's SyncBatchNorm layers");
+  // The replay's backward accumulates into .grad: keep this rank's own gradients.
+  const std::vector<Tensor> params = module_->parameters();
+  std::vector<Tensor> saved;
+  for (const Tensor& p : params)
+    saved.push_back(p.grad().defined() ? ops::clone(p.grad()) : p.grad());
+  {
+    JoinShadowGuard shadow;  // SyncBatchNorm contributes a count of 0 and zero sums
+    Tensor out = module_->forward(last_input_);
+    reducer_->prepare_for_backward({out}, options_.find_unused_parameters, /*shadow=*/true);
+    ddplab::sum(out).backward();  // any loss: every contribution of this rank is zeroed
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (saved[i].defined() && params[i].grad().defined()) {
+      ops::copy_(params[i].grad(), saved[i]);  // in place: it may be a view into a bucket
+    } else {
+      params[i].set_grad(saved[i]);
+    }
+  }
 }
 
 void DistributedDataParallel::join_sync_final_model(bool is_last_joiner) {

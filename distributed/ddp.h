@@ -113,6 +113,7 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   int find_common_rank(bool eligible);
   void sync_buffers(int root);
   void join_shadow_iteration();  // a joined rank's part of one iteration
+  void join_replay_iteration();  // ... for a model with collectives of its own (SyncBatchNorm)
   void join_sync_final_model(bool is_last_joiner);
 
   std::shared_ptr<nn::Module> module_;
@@ -120,6 +121,7 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   DDPOptions options_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_grads_ = true;  // false inside no_sync()
+  Tensor last_input_;       // inside a Join: the last training input, for a replay
 };
 
 using DDP = DistributedDataParallel;

@@ -29,9 +29,14 @@
 // The count is issued only by the first participant (is_first_joinable), once per iteration,
 // however many participants there are. The collectives of a joined rank must be exactly those
 // of an iteration of the running ranks, in the same order; Join relies on every participant's
-// main_hook to reproduce its own part. Collectives that no participant knows about (a model
-// with SyncBatchNorm, a loss all-reduced for logging) are not shadowed: such a loop still hangs
-// (or times out) with uneven inputs.
+// main_hook to reproduce its own part. A model with collectives inside its forward and backward
+// (SyncBatchNorm) cannot be shadowed by all-reducing zero buckets, since its collectives are
+// interleaved with the bucket all-reduces in an order only the autograd engine knows: for such a
+// model DDP's join hook REPLAYS the rank's last training forward and backward under a
+// JoinShadowGuard, in which SyncBatchNorm contributes a count of 0 samples and zero sums and the
+// Reducer fills every bucket with zeros; the rank's own .grad is restored afterwards. Collectives
+// that no participant knows about (GradScaler's found-inf agreement, a loss all-reduced for
+// logging) are not shadowed: such a loop still hangs (or times out) with uneven inputs.
 #include "distributed/join.h"
 
 #include <exception>
@@ -44,6 +49,8 @@ namespace ddplab::distributed {
 
 namespace {
 
+thread_local bool t_shadowing = false;
+
 // One all-reduce (sum) of a single float, waited for.
 double all_reduce_scalar(ProcessGroup& pg, Device device, double value) {
   Tensor t = ops::full({1}, value, {kFloat32, device});
@@ -52,6 +59,16 @@ double all_reduce_scalar(ProcessGroup& pg, Device device, double value) {
 }
 
 }  // namespace
+
+bool is_join_shadowing() {
+  return t_shadowing;
+}
+JoinShadowGuard::JoinShadowGuard() : prev_(t_shadowing) {
+  t_shadowing = true;
+}
+JoinShadowGuard::~JoinShadowGuard() {
+  t_shadowing = prev_;
+}
 
 Join::Join(std::vector<Joinable*> joinables, bool enable, bool throw_on_early_termination)
     : joinables_(std::move(joinables)),

@@ -49,6 +49,21 @@ class Joinable {
   JoinConfig join_config;
 };
 
+// True while a joined rank replays one of the others' iterations (DDP's join hook, for a model
+// with collectives of its own): a module such as SyncBatchNorm then issues its collectives as
+// usual but contributes nothing to them (a count of 0 samples, zero sums). Thread-local.
+bool is_join_shadowing();
+class JoinShadowGuard {
+ public:
+  JoinShadowGuard();
+  ~JoinShadowGuard();
+  JoinShadowGuard(const JoinShadowGuard&) = delete;
+  JoinShadowGuard& operator=(const JoinShadowGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 class Join {
  public:
   // `joinables`: every participant of the loop (the same list, in the same order, on every

@@ -290,11 +290,12 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHookState> state, CommHook 
   hook_registered_ = true;
 }
 
-void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs,
-                                   bool find_unused_parameters) {
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool find_unused_parameters,
+                                   bool shadow) {
   ensure_prior_reduction_finished();
   if (params_.empty()) return;  // nothing to reduce (every parameter is frozen)
   armed_ = true;
+  shadowing_ = shadow;
   backward_started_ = false;
   find_unused_ = find_unused_parameters;
   std::fill(ready_.begin(), ready_.end(), 0);
@@ -357,7 +358,7 @@ void Reducer::mark_ready(size_t i) {
   const Tensor& slot = buckets_[b].views[slot_of_[i]];
   const Tensor grad = params_[i].grad();
   // The local gradient, not yet divided: averaging is the hook's (Note [Averaging]).
-  if (!grad.defined()) {
+  if (!grad.defined() || shadowing_) {
     ops::zero_(slot);                // an unused parameter contributes nothing
   } else if (!grad.is_same(slot)) {  // (with gradient_as_bucket_view it may already BE the slot)
     ops::copy_(slot, grad);
@@ -458,6 +459,11 @@ void Reducer::finalize_backward() {
   timeline_.backward_ended();
   poll_finished();
   const std::vector<float> held = wait_for_buckets();
+  if (shadowing_) {  // a joined rank's replay: the others' average is not this rank's to apply
+    armed_ = false;
+    shadowing_ = false;
+    return;
+  }
   // Write the averages back into .grad (with views they are already there).
   for (const Bucket& bucket : buckets_) {
     for (size_t k = 0; k < bucket.params.size(); ++k) {

@@ -65,7 +65,10 @@ class Reducer {
   // Called by DDP's forward when the coming backward must synchronize (checks the above first).
   // With find_unused_parameters, `outputs` are walked and the parameters they do not reach are
   // marked ready when backward starts (Note [Unused parameters]).
-  void prepare_for_backward(const std::vector<Tensor>& outputs, bool find_unused_parameters);
+  // shadow: a joined rank's replay (distributed/join.h): every bucket is filled with zeros and
+  // the results are not written back into .grad.
+  void prepare_for_backward(const std::vector<Tensor>& outputs, bool find_unused_parameters,
+                            bool shadow = false);
 
   // Replaces the default averaging all-reduce (Note [DDP communication hook]). Once, before the
   // first backward, with the same hook on every rank. `state` counts the bytes the hook
@@ -123,7 +126,7 @@ class Reducer {
   // Per-iteration state (reset by prepare_for_backward).
   bool armed_ = false;             // a synchronized backward is expected
   bool backward_started_ = false;  // the first hook of this iteration has run
-  bool shadowing_ = false;         // inside shadow_backward()
+  bool shadowing_ = false;         // a joined rank's shadow backward (zero buckets)
   bool find_unused_ = false;
   std::vector<size_t> unused_;         // parameters the forward did not reach
   std::vector<size_t> arrival_order_;  // parameters in gradient arrival order (until rebuilt)

@@ -110,10 +110,10 @@ std::string validate(const Config& c) {
   } else if (c.powersgd_rank < 1 || c.powersgd_start_iter < 0) {
     err << "--powersgd-rank must be >= 1 and --powersgd-start-iter >= 0 (got " << c.powersgd_rank
         << " and " << c.powersgd_start_iter << ")";
-  } else if (c.even_shards == "off" && (c.sync_bn || c.grad_scaler || c.amp == "fp16")) {
-    err << "--even-shards off cannot be combined with --sync-bn, --grad-scaler or --amp fp16: "
-           "the Join that lets a rank run out of batches early shadows DDP's gradient "
-           "all-reduces, not the collectives of SyncBatchNorm or of the loss scaler";
+  } else if (c.even_shards == "off" && (c.grad_scaler || c.amp == "fp16")) {
+    err << "--even-shards off cannot be combined with --grad-scaler or --amp fp16: the Join that "
+           "lets a rank run out of batches early shadows DDP's collectives (and SyncBatchNorm's), "
+           "not the loss scaler's";
   }
   return err.str();
 }

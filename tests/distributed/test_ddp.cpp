@@ -197,6 +197,8 @@ TEST_CASE("DDP comm hook: PowerSGD rank 2 all-reduces far fewer bytes on resnet2
 TEST_CASE("DDP Join: uneven inputs finish, every step equals one process") {
   require_success(run_job("join", 2, {"0"}, 40s));
   require_success(run_job("join", 3, {"0"}, 40s));
+  require_success(run_job("join", 2, {"0", "bn"}, 40s));  // SyncBatchNorm
+  require_success(run_job("join", 3, {"0", "bn"}, 40s));
 }
 
 TEST_CASE("DDP Join: throw_on_early_termination raises on every rank") {
