@@ -18,7 +18,9 @@
 // with k ranks still running on batches of B samples, each gradient is
 //   (1/W) sum_{running r} g_r = (k/W) * (gradient of the mean loss over those k*B samples),
 // i.e. one process on the same k*B samples with its loss scaled by k/W: every sample of the epoch
-// keeps the weight 1/(W*B) it has in a full step. (PyTorch's divide_by_initial_world_size=False,
+// keeps the weight 1/(W*B) it has in a full step. (A hook with memory still runs on the joined
+// rank's zero buckets: PowerSGD adds its stored error to them, so a joined rank hands in what
+// compression had held back, as it would in PyTorch, where the same hook runs on zeros.) (PyTorch's divide_by_initial_world_size=False,
 // dividing by k instead, is not offered: it would need the count inside every hook.)
 //
 // With throw_on_early_termination the first rank to run out all-reduces 1 in place of the
