@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "autograd/functions.h"
 #include "autograd/node.h"
 #include "distributed/model_check.h"
 #include "tensor/ops.h"
@@ -59,6 +60,26 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_unique<Reducer>(module_->named_parameters(), pg_, options.reducer);
 }
 
+namespace {
+
+// One all-reduce of a single float, waited for.
+double all_reduce_scalar(ProcessGroup& pg, double value, ReduceOp op) {
+  Tensor t = ops::full({1}, value, {kFloat32, pg.device()});
+  pg.all_reduce(t, op)->wait();
+  return ops::to(t, kCPU).item<double>();
+}
+
+}  // namespace
+
+int DistributedDataParallel::find_common_rank(bool eligible) {
+  return static_cast<int>(all_reduce_scalar(*pg_, eligible ? pg_->rank() : -1, ReduceOp::Max));
+}
+
+void DistributedDataParallel::sync_buffers(int root) {
+  const std::vector<Tensor> bufs = module_->buffers();
+  if (!bufs.empty()) broadcast_coalesced(*pg_, bufs, root);
+}
+
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   // Communication happens only in training forwards (grad mode on) outside no_sync(); an
   // evaluation under NoGradGuard is purely local.
@@ -67,13 +88,87 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
   // Before any communication: a reduction left unfinished would otherwise be silently mixed
   // into this iteration (and its hooks would fire even inside no_sync()).
   if (training_step) reducer_->ensure_prior_reduction_finished();
-  if (sync && options_.broadcast_buffers && pg_->size() > 1) {
-    const std::vector<Tensor> bufs = module_->buffers();
-    if (!bufs.empty()) broadcast_coalesced(*pg_, bufs, 0);
+  const bool joining = training_step && join_config.enable;
+  if (joining) {  // Note [Join]: "still running", then whether this iteration all-reduces
+    Join::notify_join_context(*this);
+    all_reduce_scalar(*pg_, sync ? 1 : 0, ReduceOp::Max);
   }
+  if (sync && options_.broadcast_buffers && pg_->size() > 1 && !module_->buffers().empty()) {
+    // Under a Join rank 0 may have stopped early: the buffers of the highest running rank win.
+    sync_buffers(joining ? find_common_rank(true) : 0);
+  }
+  if (joining) last_input_ = x;
   Tensor out = module_->forward(x);
   if (sync) reducer_->prepare_for_backward({out}, options_.find_unused_parameters);
   return out;
+}
+
+}  // namespace ddplab::distributed
+
+namespace ddplab::distributed {
+
+// What a joined rank does for DDP (Note [Join] in join.cpp).
+class DDPJoinHook : public JoinHook {
+ public:
+  explicit DDPJoinHook(DistributedDataParallel& ddp) : ddp_(ddp) {}
+  void main_hook() override { ddp_.join_shadow_iteration(); }
+  void post_hook(bool is_last_joiner) override { ddp_.join_sync_final_model(is_last_joiner); }
+
+ private:
+  DistributedDataParallel& ddp_;
+};
+
+std::unique_ptr<JoinHook> DistributedDataParallel::join_hook() {
+  return std::make_unique<DDPJoinHook>(*this);
+}
+
+void DistributedDataParallel::join_shadow_iteration() {
+  // The collectives of a running rank's forward and backward, in their order (forward above).
+  const bool others_sync = all_reduce_scalar(*pg_, 0, ReduceOp::Max) != 0;
+  if (!others_sync) return;  // they are inside no_sync(): no communication this iteration
+  if (options_.broadcast_buffers && pg_->size() > 1 && !module_->buffers().empty()) {
+    sync_buffers(find_common_rank(false));
+  }
+  bool has_collectives = false;  // Note [Join] in join.cpp: such a model is replayed
+  module_->apply([&](nn::Module& m) { has_collectives |= m.type_name() == "SyncBatchNorm"; });
+  if (has_collectives) {
+    join_replay_iteration();
+  } else {
+    reducer_->shadow_backward(options_.find_unused_parameters);
+  }
+}
+
+void DistributedDataParallel::join_replay_iteration() {
+  DDP_CHECK(last_input_.defined(),
+            "Join: this rank ran out of inputs before its first training forward, so it cannot "
+            "replay one to match the collectives of the model's SyncBatchNorm layers");
+  // The replay's backward accumulates into .grad: keep this rank's own gradients.
+  const std::vector<Tensor> params = module_->parameters();
+  std::vector<Tensor> saved;
+  for (const Tensor& p : params)
+    saved.push_back(p.grad().defined() ? ops::clone(p.grad()) : p.grad());
+  {
+    JoinShadowGuard shadow;  // SyncBatchNorm contributes a count of 0 and zero sums
+    Tensor out = module_->forward(last_input_);
+    reducer_->prepare_for_backward({out}, options_.find_unused_parameters, /*shadow=*/true);
+    ddplab::sum(out).backward();  // any loss: every contribution of this rank is zeroed
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (saved[i].defined() && params[i].grad().defined()) {
+      ops::copy_(params[i].grad(), saved[i]);  // in place: it may be a view into a bucket
+    } else {
+      params[i].set_grad(saved[i]);
+    }
+  }
+}
+
+void DistributedDataParallel::join_sync_final_model(bool is_last_joiner) {
+  // The joined ranks skipped the last optimizer steps: copy a last joiner's parameters and
+  // buffers to everyone, so the replicas are identical again.
+  const int root = find_common_rank(is_last_joiner);
+  std::vector<Tensor> state = module_->parameters();
+  for (const Tensor& b : module_->buffers()) state.push_back(b);
+  if (pg_->size() > 1 && !state.empty()) broadcast_coalesced(*pg_, state, root);
 }
 
 }  // namespace ddplab::distributed

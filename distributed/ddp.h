@@ -25,7 +25,10 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 
+#include "distributed/comm_hook.h"
+#include "distributed/join.h"
 #include "distributed/process_group.h"
 #include "distributed/reducer.h"
 #include "nn/module.h"
@@ -44,7 +47,7 @@ struct DDPOptions {
   bool broadcast_buffers = true;
 };
 
-class DistributedDataParallel : public nn::Module {
+class DistributedDataParallel : public nn::Module, public Joinable {
  public:
   // Collective: every rank of `pg` must construct its DDP together. Throws on every rank, listing
   // the differences by name and shape, when the ranks' parameters or buffers do not match.
@@ -63,6 +66,27 @@ class DistributedDataParallel : public nn::Module {
   const DDPOptions& options() const { return options_; }
   Reducer& reducer() { return *reducer_; }
   const Reducer& reducer() const { return *reducer_; }
+
+  // Replaces the averaging all-reduce of each bucket by hook(*state, bucket) (PyTorch's
+  // register_comm_hook; distributed/comm_hook.h, Note [DDP communication hook]). State is a
+  // CommHookState or a type derived from it (PowerSGDState); hook any callable
+  // FuturePtr(State&, GradBucket&), e.g. distributed::fp16_compress_hook. Once, before the first
+  // backward, on every rank.
+  template <class State, class Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    static_assert(std::is_base_of_v<CommHookState, State>,
+                  "register_comm_hook: the state must derive from distributed::CommHookState");
+    State* s = state.get();
+    reducer_->register_comm_hook(std::move(state),
+                                 [s, hook](GradBucket& bucket) { return hook(*s, bucket); });
+  }
+
+  // Joinable (distributed/join.h): inside a Join, a rank out of inputs shadows the others'
+  // gradient all-reduces with zeros; when all are done the model is copied from a rank that
+  // ran longest. Note [Join] in distributed/join.cpp.
+  std::unique_ptr<JoinHook> join_hook() override;
+  Device join_device() const override { return pg_->device(); }
+  std::shared_ptr<ProcessGroup> join_process_group() const override { return pg_; }
 
   // RAII: while alive, backward only accumulates gradients locally (no communication). The first
   // backward after it reduces the accumulated sum (Note [no_sync]).
@@ -84,11 +108,20 @@ class DistributedDataParallel : public nn::Module {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
  private:
+  friend class DDPJoinHook;
+  // The rank that holds the state to copy: the highest rank for which `eligible` is true.
+  int find_common_rank(bool eligible);
+  void sync_buffers(int root);
+  void join_shadow_iteration();  // a joined rank's part of one iteration
+  void join_replay_iteration();  // ... for a model with collectives of its own (SyncBatchNorm)
+  void join_sync_final_model(bool is_last_joiner);
+
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DDPOptions options_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_grads_ = true;  // false inside no_sync()
+  Tensor last_input_;       // inside a Join: the last training input, for a replay
 };
 
 using DDP = DistributedDataParallel;

@@ -56,20 +56,48 @@
 // then divide by W): that makes W ranks with batch B step exactly like one process with batch
 // W*B, and the learning rate need not change with W. (Summing instead would multiply the
 // effective learning rate by W.)
-// We divide BEFORE the sum: each gradient is multiplied by 1/W as it is copied into its bucket
-// slot (ops::mul_out: one pass over the data, instead of a copy and then a second pass over the
-// whole bucket), and the all-reduce sums. In exact arithmetic the order does not matter. In
+// We divide BEFORE the sum: the communication hook (Note [DDP communication hook]) multiplies the
+// bucket by 1/W and then all-reduces with a sum. In exact arithmetic the order does not matter. In
 // floating point it does: summing first makes the partial sums up to W times larger than any one
 // gradient. In fp16 (max 65504) a large gradient times W can overflow to inf, which the later
 // division cannot undo; dividing first keeps every partial sum within the range of the inputs.
 // The cost is precision at the small end (g/W can underflow in fp16 when g is tiny and W is
 // huge), which matters less than overflow and which loss scaling exists to fix.
-// PyTorch does the same: its reducer multiplies each gradient by 1/div_factor (the world size)
-// while copying it into the bucket view, and says why: it saves one scan over the gradients. Its
-// default communication hook, which divides a whole bucket before its all-reduce, gives the
-// overflow reason ("especially for FP16").
+// PyTorch's default communication hook divides a whole bucket before its all-reduce and gives the
+// overflow reason ("especially for FP16"). (Without a hook, PyTorch's C++ reducer instead
+// multiplies each gradient by 1/W while copying it into the bucket, which saves one pass over the
+// data; ddplab sends every bucket through a hook, so that the default is an ordinary hook a
+// reader can compare with the others, and pays that pass.)
 // With gradient_as_bucket_view the gradient may already BE its slot (from the previous
 // iteration); then it is scaled in place, once. A parameter without a gradient gets a zero slot.
+//
+// Note [DDP communication hook]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What happens to a full bucket is a function the user can replace (distributed/comm_hook.h):
+// hook(state, GradBucket) -> Future of the averaged buffer. The Reducer keeps everything that
+// is about WHEN (buckets fill during backward, launch in bucket order, are waited for at the end
+// of backward in bucket order) and the hook decides WHAT goes on the wire: the default
+// allreduce_hook divides by W and sums; fp16/bf16_compress_hook send a 16-bit copy; powerSGD_hook
+// sends low-rank factors (distributed/comm_hooks/). The contract:
+//   - the bucket reaches the hook holding the local gradients (the sum over no_sync
+//     micro-batches), NOT divided by W; the future's value must be the average, with the
+//     buffer's numel and dtype (the Reducer copies it into the buffer unless it is the buffer);
+//   - the hook is called once per bucket per synchronized backward, in bucket order, on every
+//     rank, and may issue collectives, the same ones on every rank. A collective issued in a
+//     continuation (Future::then) runs when the Reducer waits, in bucket order too.
+// The hook is registered once, before the first backward (PyTorch's rule): a hook with state
+// (PowerSGD's error memory) must see every iteration. Its state counts the bytes it all-reduced,
+// which bytes_all_reduced_last_iteration() reports.
+//
+// Note [Forward without backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A training forward (grad mode on) arms the Reducer for a backward. If no backward follows (an
+// evaluation without NoGradGuard, a forward whose loss is dropped) nothing was launched and no
+// gradient was copied, so there is nothing to finish: the next forward just forgets it and arms
+// again. As in PyTorch 2.x (whose reducer requires finalization only once a gradient hook has
+// fired), ensure_prior_reduction_finished() raises only when a backward STARTED and did not
+// finish: then some buckets may be in flight on this rank while other ranks wait in theirs, and
+// starting over would mix two iterations' collectives.
 //
 // Note [Unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -121,13 +149,17 @@
 
 #include "autograd/engine.h"
 #include "distributed/bucket_layout.h"
+#include "distributed/comm_hooks/default_hooks.h"
 #include "tensor/ops.h"
 
 namespace ddplab::distributed {
 
 Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
                  std::shared_ptr<ProcessGroup> pg, ReducerOptions options)
-    : pg_(std::move(pg)), options_(options) {
+    : pg_(std::move(pg)),
+      options_(options),
+      hook_state_(std::make_shared<CommHookState>(pg_)),
+      hook_([state = hook_state_.get()](GradBucket& b) { return allreduce_hook(*state, b); }) {
   DDP_CHECK(pg_ != nullptr, "Reducer: no process group");
   DDP_CHECK(options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0,
             "Reducer: bucket caps must be positive, got bucket_cap_mb="
@@ -155,11 +187,12 @@ Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params,
 Reducer::~Reducer() {
   for (auto& h : grad_hooks_) h.remove();
   for (auto& h : output_hooks_) h.remove();
-  // Launched all-reduces still write into our buffers: let them finish first.
-  for (auto& w : works_) {
-    if (!w) continue;
+  // Launched all-reduces still write into our buffers: let them finish first (but run no
+  // continuation: it could issue a collective no other rank matches).
+  for (auto& f : futures_) {
+    if (!f) continue;
     try {
-      w->wait();
+      f->wait_for_collective();
     } catch (const std::exception&) {  // a failed collective has no buffer access left
     }
   }
@@ -207,7 +240,7 @@ void Reducer::initialize_buckets(const std::vector<size_t>& order) {
   }
   ready_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
-  works_.assign(buckets_.size(), nullptr);
+  futures_.assign(buckets_.size(), nullptr);
 }
 
 std::string Reducer::unready_parameter_names() const {
@@ -222,26 +255,47 @@ std::string Reducer::unready_parameter_names() const {
   return os.str();
 }
 
-void Reducer::ensure_prior_reduction_finished() const {
+void Reducer::ensure_prior_reduction_finished() {
+  if (armed_ && !backward_started_) {  // Note [Forward without backward]
+    armed_ = false;
+    for (auto& h : output_hooks_) h.remove();
+    output_hooks_.clear();
+    return;
+  }
   DDP_CHECK(!armed_,
             "DistributedDataParallel: Expected to have finished reduction in the prior iteration "
             "before starting a new one. On rank "
-                << pg_->rank() << " these parameters did not receive a gradient in the previous "
-                << "backward: " << unready_parameter_names()
+                << pg_->rank() << " the previous backward started but these parameters did not "
+                << "receive a gradient in it: " << unready_parameter_names()
                 << ". Their buckets (and every later one) were never all-reduced. This usually "
                    "means the module has parameters that were not used in producing the loss: "
                    "pass find_unused_parameters=true in DDPOptions (DDP then marks them ready "
-                   "after each forward), or make every parameter take part in the loss. If "
-                   "forward ran without a backward (e.g. evaluation), run it under "
-                   "autograd::NoGradGuard. See Note [Unused parameters] in "
-                   "distributed/reducer.cpp and docs/ddp.md.");
+                   "when backward starts), or make every parameter take part in the loss. It also "
+                   "happens when a backward stopped half-way (an exception in backward). See Note "
+                   "[Unused parameters] in distributed/reducer.cpp and docs/ddp.md.");
 }
 
-void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs,
-                                   bool find_unused_parameters) {
+void Reducer::register_comm_hook(std::shared_ptr<CommHookState> state, CommHook hook) {
+  DDP_CHECK(state != nullptr && hook != nullptr,
+            "register_comm_hook: expected a state and a hook, got a null one");
+  DDP_CHECK(!hook_registered_,
+            "register_comm_hook: a communication hook is already registered; it can be registered "
+            "only once (as in PyTorch)");
+  DDP_CHECK(iteration_ == 0 && !armed_,
+            "register_comm_hook: register the hook before the first backward, on every rank");
+  DDP_CHECK(state->process_group.get() == pg_.get(),
+            "register_comm_hook: the state's process group is not the DDP's");
+  hook_state_ = std::move(state);
+  hook_ = std::move(hook);
+  hook_registered_ = true;
+}
+
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool find_unused_parameters,
+                                   bool shadow) {
   ensure_prior_reduction_finished();
   if (params_.empty()) return;  // nothing to reduce (every parameter is frozen)
   armed_ = true;
+  shadowing_ = shadow;
   backward_started_ = false;
   find_unused_ = find_unused_parameters;
   std::fill(ready_.begin(), ready_.end(), 0);
@@ -251,6 +305,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs,
   next_bucket_ = 0;
   arrival_order_.clear();
   timeline_.begin(iteration_, buckets_.size(), params_.size());
+  bytes_before_ = hook_state_->bytes_all_reduced;
 
   unused_.clear();
   if (find_unused_parameters) {  // Note [Unused parameters]
@@ -302,13 +357,11 @@ void Reducer::mark_ready(size_t i) {
   const size_t b = bucket_of_[i];
   const Tensor& slot = buckets_[b].views[slot_of_[i]];
   const Tensor grad = params_[i].grad();
-  const double scale = 1.0 / pg_->size();  // Note [Averaging]: divide on the way in, then sum
-  if (!grad.defined()) {
-    ops::zero_(slot);  // an unused parameter contributes nothing
-  } else if (grad.is_same(slot)) {
-    ops::mul_(slot, scale);  // gradient_as_bucket_view: the gradient already is the slot
-  } else {
-    ops::mul_out(slot, grad, scale);
+  // The local gradient, not yet divided: averaging is the hook's (Note [Averaging]).
+  if (!grad.defined() || shadowing_) {
+    ops::zero_(slot);                // an unused parameter contributes nothing
+  } else if (!grad.is_same(slot)) {  // (with gradient_as_bucket_view it may already BE the slot)
+    ops::copy_(slot, grad);
     if (options_.gradient_as_bucket_view) params_[i].set_grad(slot);  // from now on, a view
   }
   if (--pending_[b] == 0) {
@@ -322,7 +375,7 @@ void Reducer::launch_ready_buckets() {
   // Note [Bucket order]: only a prefix of ready buckets may go.
   while (next_bucket_ < buckets_.size() && pending_[next_bucket_] == 0) {
     timeline_.bucket_launched(next_bucket_);
-    works_[next_bucket_] = pg_->all_reduce(buckets_[next_bucket_].buffer, ReduceOp::Sum);
+    launch_bucket(next_bucket_);
     ++next_bucket_;
   }
   if (next_bucket_ == buckets_.size()) {
@@ -331,33 +384,85 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
+void Reducer::launch_bucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::vector<Tensor> params;
+  for (size_t i : bucket.params) params.push_back(params_[i]);
+  GradBucket grad_bucket(b, b + 1 == buckets_.size(), bucket.buffer, bucket.views,
+                         std::move(params));
+  futures_[b] = hook_(grad_bucket);
+  DDP_CHECK(futures_[b] != nullptr, "communication hook returned no future for bucket " << b);
+}
+
 void Reducer::poll_finished() {
   for (size_t b = 0; b < next_bucket_; ++b) {
-    if (works_[b]->is_completed()) timeline_.bucket_finished(b);
+    if (futures_[b]->is_completed()) timeline_.bucket_finished(b);
+  }
+}
+
+std::vector<float> Reducer::wait_for_buckets() {
+  // Note [Unused parameters]: how many ranks hold a gradient for each parameter. Issued before
+  // the buckets are waited for, since waiting may issue a hook's later collectives: the order
+  // must be the same on every rank, joined ones included (shadow_backward).
+  Tensor holders;
+  std::shared_ptr<Work> holders_work;
+  if (find_unused_) {
+    std::vector<float> has(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      has[i] = !shadowing_ && params_[i].grad().defined() ? 1.f : 0.f;
+    }
+    holders = ops::from_vector(has, {static_cast<int64_t>(has.size())});
+    holders_work = pg_->all_reduce(holders, ReduceOp::Sum);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Tensor result = futures_[b]->wait();
+    DDP_CHECK(result.defined() && result.numel() == buckets_[b].buffer.numel() &&
+                  result.dtype() == buckets_[b].buffer.dtype(),
+              "communication hook: the future of bucket "
+                  << b << " must hold " << buckets_[b].buffer.numel() << " "
+                  << dtype_name(buckets_[b].buffer.dtype()) << " values");
+    if (!result.is_same(buckets_[b].buffer)) ops::copy_(buckets_[b].buffer, result);
+    if (!shadowing_) timeline_.bucket_finished(b);
+    futures_[b].reset();
+  }
+  last_bytes_ = hook_state_->bytes_all_reduced - bytes_before_;
+  if (!holders_work) return {};
+  holders_work->wait();
+  return holders.to_vector<float>();
+}
+
+void Reducer::shadow_backward(bool find_unused_parameters) {
+  if (params_.empty()) return;
+  find_unused_ = find_unused_parameters;
+  // Rebuilding needs the order rank 0 observed; a rank that never ran a backward has none.
+  if (options_.rebuild_buckets && !buckets_rebuilt_ && !find_unused_) {
+    DDP_CHECK(pg_->rank() != 0,
+              "Join: rank 0 ran out of inputs before its first synchronized backward, so it has "
+              "no gradient order to share for rebuilding the buckets (Note [Rebuilding "
+              "buckets]); give every rank at least one batch or set rebuild_buckets=false");
+  }
+  shadowing_ = true;
+  bytes_before_ = hook_state_->bytes_all_reduced;
+  for (size_t b = 0; b < buckets_.size(); ++b) {  // launch all, then wait all: as in a backward
+    ops::zero_(buckets_[b].buffer);
+    launch_bucket(b);
+  }
+  wait_for_buckets();  // the results are the others' average: this rank does not step
+  shadowing_ = false;
+  if (options_.rebuild_buckets && !buckets_rebuilt_ && !find_unused_) {
+    arrival_order_.assign(params_.size(), 0);  // a placeholder: rank 0's order wins
+    rebuild_buckets();
   }
 }
 
 void Reducer::finalize_backward() {
   timeline_.backward_ended();
   poll_finished();
-  // Note [Unused parameters]: how many ranks hold a gradient for each parameter.
-  Tensor holders;
-  std::shared_ptr<Work> holders_work;
-  if (find_unused_) {
-    std::vector<float> has(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) has[i] = params_[i].grad().defined() ? 1.f : 0.f;
-    holders = ops::from_vector(has, {static_cast<int64_t>(has.size())});
-    holders_work = pg_->all_reduce(holders, ReduceOp::Sum);
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    works_[b]->wait();
-    timeline_.bucket_finished(b);
-    works_[b].reset();
-  }
-  std::vector<float> held;
-  if (holders_work) {
-    holders_work->wait();
-    held = holders.to_vector<float>();
+  const std::vector<float> held = wait_for_buckets();
+  if (shadowing_) {  // a joined rank's replay: the others' average is not this rank's to apply
+    armed_ = false;
+    shadowing_ = false;
+    return;
   }
   // Write the averages back into .grad (with views they are already there).
   for (const Bucket& bucket : buckets_) {

@@ -5,10 +5,12 @@
 //     distributed/bucket_layout.h), and after the first iteration lays them out again in the
 //     order their gradients actually arrived,
 //   - hooks every parameter so that, as soon as backward has accumulated its gradient, the
-//     gradient is copied into its slot of the bucket's flat buffer, divided by the world size,
-//   - launches a bucket's all-reduce the moment its last gradient arrives (in bucket order),
-//   - and, at the end of backward, waits for every all-reduce and writes the averaged gradients
-//     back into `.grad`.
+//     gradient is copied into its slot of the bucket's flat buffer,
+//   - hands a bucket to the communication hook (an averaging all-reduce unless another hook was
+//     registered: distributed/comm_hook.h) the moment its last gradient arrives (in bucket
+//     order),
+//   - and, at the end of backward, waits for every bucket's future and writes the averaged
+//     gradients back into `.grad`.
 // The why of each step is in the design notes at the top of reducer.cpp. The teaching version
 // with no buckets and no overlap is distributed/naive_allreduce_grads.h.
 #pragma once
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "distributed/comm_hook.h"
 #include "distributed/process_group.h"
 #include "distributed/reducer_timeline.h"
 #include "tensor/tensor.h"
@@ -54,13 +57,30 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Throws if the previous iteration's reduction did not finish, naming the parameters that got
-  // no gradient (Note [Unused parameters]).
-  void ensure_prior_reduction_finished() const;
+  // Throws if the previous iteration's backward started but its reduction did not finish, naming
+  // the parameters that got no gradient (Note [Unused parameters]). A forward whose backward
+  // never started (an evaluation with grad mode on) is forgotten: Note [Forward without
+  // backward].
+  void ensure_prior_reduction_finished();
   // Called by DDP's forward when the coming backward must synchronize (checks the above first).
   // With find_unused_parameters, `outputs` are walked and the parameters they do not reach are
   // marked ready when backward starts (Note [Unused parameters]).
-  void prepare_for_backward(const std::vector<Tensor>& outputs, bool find_unused_parameters);
+  // shadow: a joined rank's replay (distributed/join.h): every bucket is filled with zeros and
+  // the results are not written back into .grad.
+  void prepare_for_backward(const std::vector<Tensor>& outputs, bool find_unused_parameters,
+                            bool shadow = false);
+
+  // Replaces the default averaging all-reduce (Note [DDP communication hook]). Once, before the
+  // first backward, with the same hook on every rank. `state` counts the bytes the hook
+  // all-reduces.
+  void register_comm_hook(std::shared_ptr<CommHookState> state, CommHook hook);
+  // Bytes the communication hook all-reduced during the last synchronized backward (the
+  // default hook: the size of every bucket; compression hooks: less).
+  int64_t bytes_all_reduced_last_iteration() const { return last_bytes_; }
+
+  // For a rank that has joined (distributed/join.h): issues exactly the collectives of one
+  // synchronized backward, every bucket filled with zeros, and discards the results.
+  void shadow_backward(bool find_unused_parameters);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const std::vector<std::string>& param_names() const { return names_; }
@@ -83,9 +103,13 @@ class Reducer {
   void start_backward();                 // the first hook of an armed backward
   void mark_ready(size_t index);         // copy into the bucket (scaled), count down, maybe launch
   void launch_ready_buckets();           // launch every ready bucket, in order
+  void launch_bucket(size_t b);          // hand bucket b to the communication hook
   void poll_finished();                  // report completed all-reduces to the timeline
   void finalize_backward();              // end of backward: wait, write averaged grads back
-  void rebuild_buckets();                // Note [Rebuilding buckets]
+  // Waits for every bucket (after the unused-parameter count when find_unused_); returns, by
+  // parameter, how many ranks hold a gradient (empty without find_unused_).
+  std::vector<float> wait_for_buckets();
+  void rebuild_buckets();  // Note [Rebuilding buckets]
   std::string unready_parameter_names() const;
 
   std::vector<std::string> names_;
@@ -102,14 +126,22 @@ class Reducer {
   // Per-iteration state (reset by prepare_for_backward).
   bool armed_ = false;             // a synchronized backward is expected
   bool backward_started_ = false;  // the first hook of this iteration has run
+  bool shadowing_ = false;         // a joined rank's shadow backward (zero buckets)
   bool find_unused_ = false;
   std::vector<size_t> unused_;         // parameters the forward did not reach
   std::vector<size_t> arrival_order_;  // parameters in gradient arrival order (until rebuilt)
   std::vector<char> ready_;            // by parameter
   std::vector<int64_t> pending_;       // by bucket: gradients still to arrive
   size_t next_bucket_ = 0;             // the next bucket to launch
-  std::vector<std::shared_ptr<Work>> works_;
+  std::vector<FuturePtr> futures_;     // by bucket: the hook's result
   int64_t iteration_ = 0;
+
+  // Note [DDP communication hook]
+  std::shared_ptr<CommHookState> hook_state_;
+  CommHook hook_;
+  bool hook_registered_ = false;  // a user hook replaced the default
+  int64_t bytes_before_ = 0;      // hook_state_->bytes_all_reduced when this backward began
+  int64_t last_bytes_ = 0;
   IterationRecorder timeline_;
 };
 

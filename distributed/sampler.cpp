@@ -8,20 +8,29 @@
 namespace ddplab::distributed {
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank,
-                                       bool shuffle, uint64_t seed, bool drop_last)
+                                       bool shuffle, uint64_t seed, bool drop_last,
+                                       bool even_shards)
     : dataset_size_(dataset_size),
       num_replicas_(num_replicas),
       rank_(rank),
       shuffle_(shuffle),
       seed_(seed),
-      drop_last_(drop_last) {
+      drop_last_(drop_last),
+      even_shards_(even_shards) {
   DDP_CHECK(dataset_size >= 0,
             "DistributedSampler: dataset size " << dataset_size << " is negative");
   DDP_CHECK(num_replicas >= 1,
             "DistributedSampler: num_replicas must be >= 1, got " << num_replicas);
   DDP_CHECK(rank >= 0 && rank < num_replicas,
             "DistributedSampler: rank " << rank << " is outside [0, " << num_replicas << ")");
+  DDP_CHECK(even_shards || !drop_last,
+            "DistributedSampler: drop_last=true makes the shards even by dropping samples; it "
+            "cannot be combined with even_shards=false");
   const int64_t w = num_replicas;
+  if (!even_shards) {  // ceil((N - rank) / W) samples: rank, rank + W, ... below N
+    num_samples_ = dataset_size > rank ? (dataset_size - rank + w - 1) / w : 0;
+    return;
+  }
   // PyTorch: with drop_last and an uneven split, ceil((N - W) / W), which equals floor(N / W);
   // otherwise ceil(N / W). floor is written directly (it also stays >= 0 when N < W).
   num_samples_ = drop_last ? dataset_size / w : (dataset_size + w - 1) / w;
@@ -40,7 +49,7 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   }
 
   // 2. Make its length total_size(): pad by repeating from the front (cyclically: a dataset of 2
-  //    on 5 ranks becomes 0 1 0 1 0), or truncate when drop_last.
+  //    on 5 ranks becomes 0 1 0 1 0), or truncate when drop_last (neither when !even_shards).
   const auto total = static_cast<size_t>(total_size());
   if (order.size() < total && !order.empty()) {
     const size_t n = order.size();

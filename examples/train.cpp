@@ -39,9 +39,11 @@
 #include "data/dataloader.h"
 #include "data/image_folder.h"
 #include "data/mnist.h"
+#include "distributed/comm_hooks/builtin.h"
 #include "distributed/ddp.h"
 #include "distributed/evaluate.h"
 #include "distributed/init_process_group.h"
+#include "distributed/join.h"
 #include "distributed/sampler.h"
 #include "distributed/zero_redundancy_optimizer.h"
 #include "examples/cli_config.h"
@@ -100,9 +102,13 @@ struct Config {
   bool deterministic = false;
   train::CheckpointOptions checkpoint;  // --checkpoint-*, --resume, --rollback-* (fault tolerance)
   // Monitoring (docs/monitoring.md).
-  std::string logdir, trace_dir;   // TensorBoard event files; Chrome traces per rank
-  double comm_wait_warn = 0.10;    // warn when waiting on communication exceeds this share
-  double allreduce_warn_ms = 100;  // warn when the mean all-reduce takes longer
+  std::string logdir, trace_dir;     // TensorBoard event files; Chrome traces per rank
+  double comm_wait_warn = 0.10;      // warn when waiting on communication exceeds this share
+  double allreduce_warn_ms = 100;    // warn when the mean all-reduce takes longer
+  std::string comm_hook = "none";    // DDP: how buckets are averaged (distributed/comm_hooks/)
+  int64_t powersgd_rank = 1;         // DDP: PowerSGD's matrix_approximation_rank
+  int64_t powersgd_start_iter = 10;  // DDP: plain all-reduce for the first N steps (PyTorch: 1000)
+  std::string even_shards = "on";    // DDP: off: no padding, uneven shards under a Join
 };
 
 // Checks the flags that CLI11 cannot check alone, before any data is loaded; returns an error
@@ -142,6 +148,17 @@ std::string validate(const Config& c) {
   } else if (!(c.collective_timeout >= 0)) {
     err << "--collective-timeout must be >= 0 seconds (got " << c.collective_timeout
         << "); 0 takes DDPLAB_COLLECTIVE_TIMEOUT, else 30 minutes";
+  } else if (c.powersgd_rank < 1 || c.powersgd_start_iter < 0) {
+    err << "--powersgd-rank must be >= 1 and --powersgd-start-iter >= 0 (got " << c.powersgd_rank
+        << " and " << c.powersgd_start_iter << ")";
+  } else if (c.even_shards == "off" && c.checkpoint.every_steps > 0) {
+    err << "--even-shards off cannot be combined with --checkpoint-every-steps: a rank that has "
+           "run "
+           "out of batches is not at a step where the others save (use --checkpoint-every-epochs)";
+  } else if (c.even_shards == "off" && (c.grad_scaler || c.amp == "fp16")) {
+    err << "--even-shards off cannot be combined with --grad-scaler or --amp fp16: the Join that "
+           "lets a rank run out of batches early shadows DDP's collectives (and SyncBatchNorm's), "
+           "not the loss scaler's";
   } else {
     return train::validate(c.checkpoint);
   }
@@ -504,6 +521,18 @@ int main(int argc, char** argv) {
                  "DDP: seconds a collective waits for the other ranks (default 1800)");
   app.add_option("--amp", c.amp, "mixed precision: conv and linear in bf16|fp16 (docs/training.md)")
       ->check(CLI::IsMember({"bf16", "fp16"}));
+  app.add_option("--comm-hook", c.comm_hook, "DDP: gradient communication none|fp16|bf16|powersgd")
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}))
+      ->capture_default_str();
+  app.add_option("--powersgd-rank", c.powersgd_rank, "DDP: PowerSGD rank")->capture_default_str();
+  app.add_option("--powersgd-start-iter", c.powersgd_start_iter,
+                 "DDP: steps of plain all-reduce before PowerSGD starts")
+      ->capture_default_str();
+  app.add_option("--even-shards", c.even_shards,
+                 "DDP: on: pad so every rank has the same batches; off: each rank exactly its "
+                 "share, uneven ends handled by distributed::Join")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_monitoring_flags(app, c);
   app.add_flag("--deterministic", c.deterministic,
                "bitwise reproducible CPU training (fixed thread count; docs/checkpoints.md)");
@@ -556,9 +585,10 @@ int main(int argc, char** argv) {
     int64_t n_train = c.subset > 0 ? std::min<int64_t>(c.subset, d.train->size()) : d.train->size();
     std::shared_ptr<data::Sampler> train_sampler;
     std::shared_ptr<distributed::DistributedSampler> dist_sampler;  // DDP:
+    const bool even_shards = c.even_shards == "on";                 // DDP:
     if (pg) {  // DDP: this rank's share; padded so every rank runs the same number of steps
-      dist_sampler = std::make_shared<distributed::DistributedSampler>(n_train, world, pg->rank(),
-                                                                       !c.no_shuffle, c.seed);
+      dist_sampler = std::make_shared<distributed::DistributedSampler>(
+          n_train, world, pg->rank(), !c.no_shuffle, c.seed, false, even_shards);
       train_sampler = dist_sampler;
     } else if (c.no_shuffle) {
       train_sampler = std::make_shared<data::ListSampler>(first_n(n_train));
@@ -586,8 +616,12 @@ int main(int argc, char** argv) {
     }
     // DDP: wrap the model. The wrapper's constructor broadcasts rank 0's weights (also after
     // --init-from); its forward and backward keep the ranks' gradients equal.
-    std::shared_ptr<distributed::DDP> ddp;                            // DDP:
-    if (pg) ddp = std::make_shared<distributed::DDP>(net, pg);        // DDP:
+    std::shared_ptr<distributed::DDP> ddp;                      // DDP:
+    if (pg) ddp = std::make_shared<distributed::DDP>(net, pg);  // DDP:
+    if (ddp) {  // DDP: --comm-hook (the default: the averaging all-reduce)
+      distributed::register_builtin_comm_hook(
+          *ddp, {c.comm_hook, c.powersgd_rank, c.powersgd_start_iter});
+    }
     nn::Module& model = ddp ? static_cast<nn::Module&>(*ddp) : *net;  // DDP: the loop trains this
     if (main_rank) {                                                  // DDP: rank 0 prints
       std::printf("model %s: %lld parameters; %s: %lld train / %lld test examples; device %s\n",
@@ -595,9 +629,10 @@ int main(int argc, char** argv) {
                   static_cast<long long>(n_train), static_cast<long long>(d.test->size()),
                   device.str().c_str());
       if (pg) {  // DDP: the job's shape
-        std::printf("DDP: %d ranks (%s), batch %lld per rank%s\n", world,
+        std::printf("DDP: %d ranks (%s), batch %lld per rank%s, comm hook %s%s\n", world,
                     pg->backend_name().c_str(), static_cast<long long>(c.batch_size),
-                    c.sync_bn ? ", SyncBatchNorm" : "");
+                    c.sync_bn ? ", SyncBatchNorm" : "", c.comm_hook.c_str(),
+                    even_shards ? "" : ", uneven shards (Join)");
       }
       if (c.accumulation_steps > 1) {
         std::printf("accumulation: %lld micro-batches per step, %lld examples per step\n",
@@ -624,8 +659,15 @@ int main(int argc, char** argv) {
       std::printf("note: --zero with one process: nothing to shard, plain SGD\n");
     }
     const int64_t micro_per_epoch = train_loader.size();
+    // DDP, --even-shards off: rank 0 holds the largest share; every rank schedules by it.
+    const int64_t longest_epoch =
+        even_shards || !pg
+            ? micro_per_epoch
+            : (distributed::DistributedSampler(n_train, world, 0, false, 0, false, false).size() +
+               c.batch_size - 1) /
+                  c.batch_size;
     const int64_t accum = c.accumulation_steps;
-    const int64_t steps_per_epoch = (micro_per_epoch + accum - 1) / accum;
+    const int64_t steps_per_epoch = (longest_epoch + accum - 1) / accum;
     if (accum > micro_per_epoch && main_rank) {
       std::printf(
           "note: --accumulation-steps %lld exceeds the %lld batches of an epoch: one "
@@ -665,6 +707,10 @@ int main(int argc, char** argv) {
       const auto epoch_start = Clock::now();
       const int64_t seen_before = loop.seen;  // examples of this epoch a resumed run did not see
       mon.begin_epoch();
+      // DDP, --even-shards off: a rank out of batches shadows the others' all-reduces until all
+      // are done (distributed/join.h); it then takes the longest rank's model.
+      std::optional<distributed::Join> join;  // DDP:
+      if (ddp && !even_shards) join.emplace(std::vector<distributed::Joinable*>{ddp.get()});
       for (auto& batch : train_loader) {
         const auto in_batch = mon.batch_arrived();  // monitoring: the wait for data
         // This micro-batch's accumulation group: which micro-batches it spans, and whether this
@@ -746,6 +792,13 @@ int main(int argc, char** argv) {
         }
         if (loop.step >= total_steps) break;
       }
+      if (join) {  // DDP: wait for the others; then count the steps this rank sat out
+        join->join();
+        for (; loop.epoch_steps < steps_per_epoch && loop.step < total_steps;
+             ++loop.epoch_steps, ++loop.step) {
+          sched->step();
+        }
+      }
       const double train_secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       const monitor::EpochTimes times = mon.end_epoch();
       // DDP: every rank evaluates its share of the test set; one all-reduce sums the counts.
@@ -779,6 +832,10 @@ int main(int argc, char** argv) {
           }
           // DDP: rounds of bucket all-reduces so far; with accumulation, equal to "step".
           if (ddp) j["grad_sync_rounds"] = ddp->reducer().num_synchronized_backwards();
+          // DDP: what the communication hook put on the wire in the last step.
+          if (ddp) {
+            j["bytes_all_reduced_per_step"] = ddp->reducer().bytes_all_reduced_last_iteration();
+          }
           metrics->write(j);
         }
       }

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "autograd/function_node.h"
+#include "distributed/join.h"
 #include "nn/batchnorm_kernels.h"
 #include "tensor/ops.h"
 
@@ -116,7 +117,10 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
   const int64_t c = x.size(1);
 
   // Forward: one all-gather of [count, mean, M2] rows, then the same combination on every rank.
+  // A joined rank replaying an iteration (distributed/join.h) takes part with a count of 0.
+  const bool shadow = distributed::is_join_shadowing();
   Tensor mine = local_moments(x);
+  if (shadow) ops::zero_(mine);
   const int world = group ? group->size() : 1;
   Tensor rows = ops::empty({world, 2 * c + 1}, {kFloat64, x.device()});
   if (group) {
@@ -146,12 +150,13 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
   const double count = g.count;
   return autograd::record(
       "SyncBatchNormBackward", y, inputs, std::move(saved),
-      [group, count, has_w, has_b](const Tensor& dy, const autograd::Saved& s,
-                                   const autograd::Needs& needs) {
+      [group, count, has_w, has_b, shadow](const Tensor& dy, const autograd::Saved& s,
+                                           const autograd::Needs& needs) {
         const Tensor &x = s[0], &mean = s[1], &invstd = s[2];
         const int64_t c = x.size(1);
         // This rank's [sum(dy), sum(dy * (x - mean))], packed for the one all-reduce.
         Tensor sums = batch_norm_grad_sums(x, dy, mean);
+        if (shadow) ops::zero_(sums);  // a joined rank's replay adds nothing
         autograd::Grads grads(needs.size());
         const size_t iw = 1, ib = has_w ? 2 : 1;
         // Parameter gradients from the local sums (DDP averages them across ranks). Copies:

@@ -171,3 +171,37 @@ TEST_CASE("DDP rebuilds its buckets in gradient arrival order after the first it
 TEST_CASE("DDP removes its hooks: wrapping a model again leaves one set") {
   require_success(run_job("rewrap", 2));
 }
+
+TEST_CASE("DDP: a training forward without backward does not poison the next iteration") {
+  require_success(run_job("forward_only", 2));
+}
+
+TEST_CASE("DDP comm hook: a custom hook is called once per bucket per step") {
+  require_success(run_job("hook_calls", 2));
+}
+
+TEST_CASE("DDP comm hook: fp16 and bf16 compression give gradients close to plain averaging") {
+  require_success(run_job("compress", 2, {"fp16"}));
+  require_success(run_job("compress", 2, {"bf16"}));
+}
+
+TEST_CASE("DDP comm hook: PowerSGD equals a hand computation, with error feedback") {
+  require_success(run_job("powersgd_hand", 1));
+  require_success(run_job("powersgd_hand", 2));
+}
+
+TEST_CASE("DDP comm hook: PowerSGD rank 2 all-reduces far fewer bytes on resnet20") {
+  require_success(run_job("powersgd_bytes", 2));
+}
+
+TEST_CASE("DDP Join: uneven inputs finish, every step equals one process") {
+  require_success(run_job("join", 2, {"0"}, 40s));
+  require_success(run_job("join", 3, {"0"}, 40s));
+  require_success(run_job("join", 2, {"0", "bn"}, 40s));  // SyncBatchNorm
+  require_success(run_job("join", 3, {"0", "bn"}, 40s));
+}
+
+TEST_CASE("DDP Join: throw_on_early_termination raises on every rank") {
+  require_success(run_job("join", 2, {"1"}, 40s));
+  require_success(run_job("join", 3, {"1"}, 40s));
+}

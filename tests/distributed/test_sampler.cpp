@@ -107,3 +107,33 @@ TEST_CASE("DistributedSampler: bad arguments name the problem") {
   CHECK_THROWS_AS(DistributedSampler(10, 0, 0), ddplab::Error);
   CHECK_THROWS_AS(DistributedSampler(-1, 2, 0), ddplab::Error);
 }
+
+TEST_CASE(
+    "DistributedSampler: even_shards=false visits every index exactly once, shares differ "
+    "by at most one") {
+  for (int64_t n : {0, 1, 2, 7, 10, 11, 100, 101}) {
+    for (int w : {1, 2, 3, 4, 5}) {
+      CAPTURE(n);
+      CAPTURE(w);
+      std::vector<int64_t> all;
+      int64_t smallest = n, largest = 0;
+      for (int r = 0; r < w; ++r) {
+        DistributedSampler s(n, w, r, /*shuffle=*/true, 7, /*drop_last=*/false,
+                             /*even_shards=*/false);
+        const auto mine = s.indices(3);
+        CHECK(static_cast<int64_t>(mine.size()) == s.size());
+        CHECK(s.size() == (n > r ? (n - r + w - 1) / w : 0));
+        smallest = std::min<int64_t>(smallest, s.size());
+        largest = std::max<int64_t>(largest, s.size());
+        all.insert(all.end(), mine.begin(), mine.end());
+      }
+      CHECK(largest - smallest <= 1);
+      std::sort(all.begin(), all.end());
+      std::vector<int64_t> expected(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) expected[static_cast<size_t>(i)] = i;
+      CHECK(all == expected);  // no padding: each index once
+    }
+  }
+  CHECK_THROWS_WITH_AS(DistributedSampler(10, 3, 0, true, 0, /*drop_last=*/true, false),
+                       doctest::Contains("even_shards=false"), ddplab::Error);
+}
