@@ -145,6 +145,7 @@ void DistributedDataParallel::join_replay_iteration() {
   // The replay's backward accumulates into .grad: keep this rank's own gradients.
   const std::vector<Tensor> params = module_->parameters();
   std::vector<Tensor> saved;
+  saved.reserve(params.size());
   for (const Tensor& p : params)
     saved.push_back(p.grad().defined() ? ops::clone(p.grad()) : p.grad());
   {
