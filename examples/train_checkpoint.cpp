@@ -248,6 +248,7 @@ nn::TrainingState Checkpointing::capture(Trainables& t, const LoopState& loop) c
   if (pg_) {
     for (int r = 0; r < world; ++r) all.push_back(ops::zeros({3}, TensorOptions(kInt64)));
     std::vector<Tensor> on_device;
+    on_device.reserve(all.size());
     for (const auto& a : all) on_device.push_back(ops::to(a, pg_->device()));
     pg_->all_gather(on_device, ops::to(mine, pg_->device()))->wait();
     for (int r = 0; r < world; ++r) all[r] = ops::to(on_device[r], kCPU);

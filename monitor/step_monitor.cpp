@@ -38,7 +38,7 @@ CommTimes comm_times(const distributed::IterationTimeline& t) {
   return c;
 }
 
-StepMonitor::StepMonitor(StepMonitorOptions o) {
+StepMonitor::StepMonitor(const StepMonitorOptions& o) {
   if (!o.logdir.empty() && o.rank == 0) writer_ = std::make_unique<SummaryWriter>(o.logdir);
   if (!o.trace_dir.empty()) {
     trace_ = std::make_unique<ChromeTrace>(o.trace_dir + "/rank" + std::to_string(o.rank) + ".json",

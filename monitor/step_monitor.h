@@ -70,7 +70,7 @@ class StepMonitor {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit StepMonitor(StepMonitorOptions options);
+  explicit StepMonitor(const StepMonitorOptions& options);
 
   SummaryWriter* writer() { return writer_.get(); }  // null unless logging on this rank
   ChromeTrace* trace() { return trace_.get(); }      // null unless tracing
