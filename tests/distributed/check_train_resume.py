@@ -20,6 +20,8 @@ paths:         a missing folder for --save, --metrics or --checkpoint-dir: exit 
 slurm:         2 ranks started with a 2-task Slurm job's environment train to ddprun's weights;
                after rank 1 is killed, a requeue (SLURM_RESTART_COUNT=1) resumes by itself and
                ends with the same weights.
+mpirun:        `mpirun -np 2` (Open MPI) of the train binary trains to ddprun's weights; skipped
+               (77) without mpirun.
 
 The test hooks (DDPLAB_TEST_*) are documented in docs/checkpoints.md. Exit 77 (skipped) without
 the dataset in Debian's location.
@@ -256,6 +258,31 @@ def case_slurm(ddprun, train, tmp):
     expect(outs[0], "resumed from step 4 ", "(restart 1)")
     same_bytes(ref, os.path.join(tmp, "req.st"))
     print("requeued Slurm job: resumed by itself, same weights as ddprun")
+
+
+def case_mpirun(ddprun, train, tmp):
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        print("skipped: no mpirun (Debian's openmpi-bin)")
+        sys.exit(77)
+    ref = baseline(ddprun, train, tmp)
+    # Open MPI numbers the processes (OMPI_COMM_WORLD_*); MASTER_* says where they meet.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT")}
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                "OMP_NUM_THREADS": "1", "DDPLAB_COLLECTIVE_TIMEOUT": "30"})
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+           "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "OMP_NUM_THREADS",
+           "-x", "DDPLAB_COLLECTIVE_TIMEOUT", train] + common(tmp, "mpi")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                       timeout=120)
+    if p.returncode != 0:
+        print(p.stdout)
+        raise SystemExit("mpirun -np 2: exit %d" % p.returncode)
+    expect(p.stdout, "DDP: 2 ranks")
+    same_bytes(ref, os.path.join(tmp, "mpi.st"))
+    print("mpirun -np 2: same weights as ddprun")
 
 
 def main():
