@@ -32,7 +32,12 @@ cd "$work/my_lab" || exit 1
 libdir=$(pkg-config "${define[@]}" --variable=libdir ddplab)
 # -O1: this test is about building and linking; -rpath because the destdir is not on the
 # loader's path (an installed /usr/local needs `ldconfig` instead).
-c++ -std=c++17 -O1 my_lab.cpp $(pkg-config "${define[@]}" --cflags --libs ddplab) \
+# A library built with the sanitizers (scripts/setup --sanitize) needs its runtime linked first.
+sanitize=$(meson introspect "$build" --buildoptions 2>/dev/null |
+  python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "b_sanitize"))' 2>/dev/null)
+extra=()
+[ -n "$sanitize" ] && [ "$sanitize" != none ] && extra=(-fsanitize="$sanitize")
+c++ -std=c++17 -O1 "${extra[@]}" my_lab.cpp $(pkg-config "${define[@]}" --cflags --libs ddplab) \
   -Wl,-rpath,"$libdir" -o my_lab || fail "my_lab.cpp does not compile against the installed ddplab"
 
 for f in my_lab "$libdir/libddplab.so"; do
