@@ -232,6 +232,7 @@ int run(const Options& o) {
                   static_cast<long long>(res.bytes_per_step),
                   static_cast<double>(plain_bytes) / static_cast<double>(res.bytes_per_step),
                   res.final_loss, 100 * res.test_acc, res.ms_per_step);
+      std::fflush(stdout);  // a row per hook as it finishes, under ddprun too
     }
   }
   if (pg->rank() == 0) print_layers(o);
