@@ -26,6 +26,8 @@ void orthogonalize_(const Tensor& matrix, double epsilon) {
 void powersgd_step(distributed::CommHookState& comm, const Tensor& m, MatrixMemory& memory,
                    double epsilon) {
   ops::add_(m, memory.error);  // error feedback
+  // Last step's Q is M_avg^T P, whose columns are not orthonormal; orthonormal ones keep M Q well
+  // conditioned for the Gram-Schmidt below. The span, all the result depends on, is unchanged.
   Tensor q = memory.q;
   orthogonalize_(q, epsilon);
   Tensor p = ops::mm(m, q);
