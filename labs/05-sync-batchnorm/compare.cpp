@@ -32,11 +32,12 @@ using namespace ddplab;
 namespace {
 
 struct Options {
-  int64_t steps = 600;   // optimizer steps per model
+  int64_t steps = 1000;  // optimizer steps per model
   int64_t batch = 2;     // images per rank and step
   int64_t train = 6000;  // the first `train` training images
   int64_t test = 2000;   // the first `test` test images
-  double lr = 0.02;      // SGD with momentum 0.9
+  double lr = 0.05;      // SGD
+  double momentum = 0;   // with 0.9, lr 0.01 and 0.02 diverged here
   bool library = false;  // nn::SyncBatchNorm instead of yours
   uint64_t seed = 0;     // the weights and the order of the batches
 };
@@ -53,7 +54,8 @@ Options parse(int argc, char** argv) {
       values[a.substr(2)] = argv[++i];
     } else {
       throw Error("compare: unexpected argument '" + a +
-                  "' (options: --steps N --batch B --train N --test N --lr X --seed S --library)");
+                  "' (options: --steps N --batch B --train N --test N --lr X --momentum M --seed S "
+                  "--library)");
     }
   }
   auto number = [&](const std::string& name, double low) {
@@ -76,6 +78,8 @@ Options parse(int argc, char** argv) {
       o.test = static_cast<int64_t>(number(name, 1));
     else if (name == "lr")
       o.lr = number(name, 0);
+    else if (name == "momentum")
+      o.momentum = number(name, 0);
     else if (name == "seed")
       o.seed = static_cast<uint64_t>(number(name, 0));
     else
@@ -111,7 +115,7 @@ Result train(const nn::ModulePtr& model, const Subset& data, const Subset& test,
   auto ddp = std::make_shared<distributed::DDP>(model, pg);
   optim::SGDOptions so;
   so.lr = o.lr;
-  so.momentum = 0.9;
+  so.momentum = o.momentum;
   optim::SGD opt(ddp->parameters(), so);
   const int64_t n = data.images.size(0), global = o.batch * pg->size();
   const int64_t per_epoch = n / global;

@@ -76,13 +76,15 @@ lab5::BatchStats reference_stats(const Tensor& x) {
           ops::mul(ops::to(bn.running_var, kFloat64), double(count - 1) / double(count)), count};
 }
 
-// Two-pass float64 statistics of a float64 batch: mean, then the mean squared deviation from it.
+// The definition, for part 1's float64 batches (values near 1e8 do not fit BatchNorm2d's float32):
+// the mean, then the mean squared deviation from it, two passes in float64.
 lab5::BatchStats exact_stats(const Tensor& x) {
   const Tensor mean = ops::mean(x, {0, 2, 3});
   const Tensor dev = ops::sub(x, ops::reshape(mean, {1, x.size(1), 1, 1}));
   return {mean, ops::mean(ops::square(dev), {0, 2, 3}), x.numel() / x.size(1)};
 }
 
+// The group as a shared_ptr, which the layers hold.
 std::shared_ptr<distributed::ProcessGroup> group(int rank, int world,
                                                  const std::shared_ptr<TCPStore>& store) {
   return make_group(rank, world, store);
