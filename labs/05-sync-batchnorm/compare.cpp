@@ -33,11 +33,11 @@ namespace {
 
 struct Options {
   int64_t steps = 1000;  // optimizer steps per model
-  int64_t batch = 2;     // images per rank and step
+  int64_t batch = 1;     // images per rank and step
   int64_t train = 6000;  // the first `train` training images
   int64_t test = 2000;   // the first `test` test images
-  double lr = 0.05;      // SGD
-  double momentum = 0;   // with 0.9, lr 0.01 and 0.02 diverged here
+  double lr = 0.02;      // SGD
+  double momentum = 0;   // with 0.9 it diverged here (lr 0.01, 0.02)
   bool library = false;  // nn::SyncBatchNorm instead of yours
   uint64_t seed = 0;     // the weights and the order of the batches
 };
