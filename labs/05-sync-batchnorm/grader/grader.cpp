@@ -2,7 +2,8 @@
 // The oracle is the library on the GLOBAL batch: every rank builds the same global batch from a
 // seed, runs BatchNorm2d (and autograd) on all of it in one process, and compares what your code
 // computes from its own rows only. (BatchNorm2d with momentum 1 leaves the batch's mean and
-// unbiased variance in its running buffers: that is how the statistics are read off it.) Part 4
+// unbiased variance in its running buffers: that is how the statistics are read off it; part 1
+// takes them in float64 by their definition, for values too large for float32.) Part 4
 // compares your layer with the library's nn::SyncBatchNorm. Collectives are counted with the
 // group's sequence number, which every collective advances by one.
 #include <doctest/doctest.h>
@@ -107,7 +108,7 @@ void check_stats(const Split& split, double mean, double spread, double shift_of
     const Tensor global =
         ops::add(ops::mul(ops::randn({split.total(), 3, 4, 5}, kFloat64), spread), mean);
     const lab5::BatchStats want = exact_stats(global);
-    // A shift every rank agrees on, near (not at) the mean: shift_offset spreads from it.
+    // A shift every rank agrees on, near the mean but not at it: shift_offset spreads away.
     const Tensor shift = ops::add(want.mean, shift_offset * spread);
     const uint64_t before = pg->sequence_number();
     const lab5::BatchStats got = lab5::global_batch_stats(split.mine(global, rank), shift, *pg);
