@@ -53,7 +53,7 @@ Options parse(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0 && i + 1 < argc) {
       values[a.substr(2)] = argv[++i];
     } else {
-      throw Error("compare: unexpected argument '" + a +
+      throw Error("unexpected argument '" + a +
                   "' (options: --steps N --batch B --train N --test N --lr X --momentum M --seed S "
                   "--library)");
     }
@@ -63,8 +63,8 @@ Options parse(int argc, char** argv) {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
     if (end == v.c_str() || *end != '\0' || !(x >= low))
-      throw Error("compare: --" + name + " expects a number >= " + std::to_string(low) + ", got '" +
-                  v + "'");
+      throw Error("--" + name + " expects a number >= " + std::to_string(static_cast<int>(low)) +
+                  ", got '" + v + "'");
     return x;
   };
   for (const auto& [name, value] : values) {
@@ -83,7 +83,7 @@ Options parse(int argc, char** argv) {
     else if (name == "seed")
       o.seed = static_cast<uint64_t>(number(name, 0));
     else
-      throw Error("compare: unknown option --" + name);
+      throw Error("unknown option --" + name);
   }
   return o;
 }
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     }
     const Subset data = load(true, o.train), test = load(false, o.test);
     if (data.images.size(0) < o.batch * pg->size())
-      throw Error("compare: --train " + std::to_string(data.images.size(0)) +
+      throw Error("--train " + std::to_string(data.images.size(0)) +
                   " images is less than one global batch of " +
                   std::to_string(o.batch * pg->size()));
     if (main_rank)
