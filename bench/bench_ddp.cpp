@@ -8,6 +8,11 @@
 //                                                  BatchNorm2d converted to SyncBatchNorm
 //   bench_ddp allreduce [--iters N]                under ddprun: all-reduce of 1M and 16M floats
 //
+// The step modes take --model resnet20|resnet18|cnn (default resnet20; cnn on 28x28x1 inputs,
+// the ResNets on 32x32x3), and ddp takes --comm-hook none|fp16|bf16|powersgd with
+// --powersgd-rank R (default 2; PowerSGD compresses from the first step, warm-up included): it
+// then also prints the bytes the hook all-reduced per step (bench/bench_hooks.py compares them).
+//
 // Every mode prints "BENCH <key> <value>" lines (rank 0 only), which bench/bench_ddp.py collects
 // next to PyTorch's numbers for the same measurements; see bench/README.md.
 #include <algorithm>
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "distributed/comm_hooks/builtin.h"
 #include "distributed/ddp.h"
 #include "distributed/init_process_group.h"
 #include "distributed/naive_allreduce_grads.h"
@@ -46,25 +52,46 @@ int64_t flag(int argc, char** argv, const std::string& name, int64_t fallback) {
   return fallback;
 }
 
-// Median seconds per training step of resnet20 on random CIFAR-sized data.
+std::string string_flag(int argc, char** argv, const std::string& name,
+                        const std::string& fallback) {
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (argv[i] == name) return argv[i + 1];
+  }
+  return fallback;
+}
+
+// What a step mode trains, and how DDP communicates.
+struct StepConfig {
+  std::string model = "resnet20";
+  distributed::BuiltinCommHookOptions hook;  // name "none": DDP's default hook, untouched
+};
+
+// Median seconds per training step of the model on random data of its input size.
 // mode: "single" (no communication), "ddp" (through the wrapper), "naive" (after-backward loop),
 // "syncbn" (through the wrapper, with SyncBatchNorm: two more collectives per BatchNorm layer).
-void bench_step(const std::string& mode, int64_t batch, int64_t steps,
+void bench_step(const std::string& mode, const StepConfig& config, int64_t batch, int64_t steps,
                 const std::shared_ptr<distributed::ProcessGroup>& pg) {
+  DDP_CHECK(config.model == "resnet20" || config.model == "resnet18" || config.model == "cnn",
+            "--model: expected resnet20, resnet18 or cnn, got '" << config.model << "'");
+  DDP_CHECK(config.hook.name == "none" || mode == "ddp",
+            "--comm-hook applies to the ddp mode only (got mode " << mode << ")");
+  const bool small = config.model == "cnn";  // Fashion-MNIST's shape, as in examples/train
+  const int64_t channels = small ? 1 : 3, side = small ? 28 : 32;
   manual_seed(0);
-  auto net = models::create("resnet20", 10, 3);
+  auto net = models::create(config.model, 10, channels, side);
   std::shared_ptr<distributed::DDP> ddp;
   nn::Module* model = net.get();
   if (mode == "syncbn") net = nn::convert_sync_batchnorm(net, pg);
   if (mode == "ddp" || mode == "syncbn") {
     ddp = std::make_shared<distributed::DDP>(net, pg);
+    if (config.hook.name != "none") distributed::register_builtin_comm_hook(*ddp, config.hook);
     model = ddp.get();
   } else if (mode == "naive") {
     distributed::broadcast_coalesced(*pg, net->parameters(), 0);
   }
   optim::SGD opt(model->parameters(), optim::SGDOptions{0.1, 0.9});
   Generator gen(1 + (pg ? pg->rank() : 0));
-  const Tensor x = ops::randn({batch, 3, 32, 32}, kFloat32, &gen);
+  const Tensor x = ops::randn({batch, channels, side, side}, kFloat32, &gen);
   const Tensor y = ops::randint(0, 10, {batch}, &gen);
 
   std::vector<double> times, exposed;
@@ -99,6 +126,9 @@ void bench_step(const std::string& mode, int64_t batch, int64_t steps,
                   tl.buckets[b].ready_ms, tl.buckets[b].launched_ms, tl.buckets[b].finished_ms);
     }
     std::printf("BENCH ddp_backward_end_ms %.2f\n", tl.backward_end_ms);
+    // Equal in every step once PowerSGD compresses (from the first step here).
+    std::printf("BENCH ddp_bytes_all_reduced_per_step %lld\n",
+                static_cast<long long>(ddp->reducer().bytes_all_reduced_last_iteration()));
   }
 }
 
@@ -128,7 +158,9 @@ void bench_allreduce(int64_t iters, const std::shared_ptr<distributed::ProcessGr
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: bench_ddp single|ddp|naive|syncbn|allreduce [--steps N] [--batch B]\n");
+                 "usage: bench_ddp single|ddp|naive|syncbn|allreduce [--steps N] [--batch B]\n"
+                 "       [--model resnet20|resnet18|cnn] [--comm-hook %s] [--powersgd-rank R]\n",
+                 distributed::builtin_comm_hook_names());
     return 2;
   }
   const std::string mode = argv[1];
@@ -143,7 +175,12 @@ int main(int argc, char** argv) {
     if (mode == "allreduce") {
       bench_allreduce(flag(argc, argv, "--iters", 20), pg);
     } else if (mode == "single" || mode == "ddp" || mode == "naive" || mode == "syncbn") {
-      bench_step(mode, flag(argc, argv, "--batch", mode == "single" ? 64 : 32),
+      StepConfig config;
+      config.model = string_flag(argc, argv, "--model", config.model);
+      config.hook.name = string_flag(argc, argv, "--comm-hook", "none");
+      config.hook.powersgd_rank = flag(argc, argv, "--powersgd-rank", 2);
+      config.hook.powersgd_start_iter = 0;  // the timed steps measure compression
+      bench_step(mode, config, flag(argc, argv, "--batch", mode == "single" ? 64 : 32),
                  flag(argc, argv, "--steps", 8), pg);
     } else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());

@@ -37,7 +37,9 @@
 // model DDP's join hook REPLAYS the rank's last training forward and backward under a
 // JoinShadowGuard, in which SyncBatchNorm contributes a count of 0 samples and zero sums and the
 // Reducer fills every bucket with zeros; the rank's own .grad is restored afterwards. Collectives
-// that no participant knows about (GradScaler's found-inf agreement, a loss all-reduced for
+// outside the model have their own participant: the GradScaler's found-inf agreement is shadowed
+// by the scaler's join hook, listed after the model (Note [GradScaler under Join] in
+// optim/grad_scaler.cpp). Collectives that no participant knows about (a loss all-reduced for
 // logging) are not shadowed: such a loop still hangs (or times out) with uneven inputs.
 #include "distributed/join.h"
 

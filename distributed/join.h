@@ -10,7 +10,8 @@
 //   for (auto& batch : loader) { ...forward, backward, step... }
 //   join.join();   // this rank is out of data: shadow the others (the destructor does it too)
 //
-// Joinable is the interface a participant implements (DDP does; distributed/ddp.h); its
+// Joinable is the interface a participant implements (DDP does, distributed/ddp.h; so does
+// optim::GradScaler, listed after the model: Join({ddp.get(), &scaler})); its
 // JoinHook says what one shadowed iteration is. How it works, and what the gradients then are:
 // Note [Join] in join.cpp.
 #pragma once

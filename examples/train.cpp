@@ -151,14 +151,15 @@ std::string validate(const Config& c) {
   } else if (c.powersgd_rank < 1 || c.powersgd_start_iter < 0) {
     err << "--powersgd-rank must be >= 1 and --powersgd-start-iter >= 0 (got " << c.powersgd_rank
         << " and " << c.powersgd_start_iter << ")";
+  } else if (c.even_shards == "off" && c.accumulation_steps > 1) {
+    // Join shadows whole iterations: a rank one batch short would close its last accumulation
+    // group (and all-reduce) while the others still accumulate under no_sync.
+    err << "--even-shards off cannot be combined with --accumulation-steps > 1: a rank with one "
+           "batch fewer ends its last accumulation group at another batch than the others";
   } else if (c.even_shards == "off" && c.checkpoint.every_steps > 0) {
     err << "--even-shards off cannot be combined with --checkpoint-every-steps: a rank that has "
            "run "
            "out of batches is not at a step where the others save (use --checkpoint-every-epochs)";
-  } else if (c.even_shards == "off" && (c.grad_scaler || c.amp == "fp16")) {
-    err << "--even-shards off cannot be combined with --grad-scaler or --amp fp16: the Join that "
-           "lets a rank run out of batches early shadows DDP's collectives (and SyncBatchNorm's), "
-           "not the loss scaler's";
   } else {
     return train::validate(c.checkpoint);
   }
@@ -710,7 +711,9 @@ int main(int argc, char** argv) {
       // DDP, --even-shards off: a rank out of batches shadows the others' all-reduces until all
       // are done (distributed/join.h); it then takes the longest rank's model.
       std::optional<distributed::Join> join;  // DDP:
-      if (ddp && !even_shards) join.emplace(std::vector<distributed::Joinable*>{ddp.get()});
+      // The scaler comes after the model: a joined rank also answers its found-inf all-reduce.
+      if (ddp && !even_shards)
+        join.emplace(std::vector<distributed::Joinable*>{ddp.get(), &scaler});
       for (auto& batch : train_loader) {
         const auto in_batch = mon.batch_arrived();  // monitoring: the wait for data
         // This micro-batch's accumulation group: which micro-batches it spans, and whether this

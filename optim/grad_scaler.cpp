@@ -28,6 +28,22 @@
 // accumulates in float64 but returns float32; CUDA accumulates in float32). Such a gradient's
 // squared norm is inf already, so calling it an overflow is the useful answer; PyTorch's fused
 // kernel, which tests each element, would let that step through.
+//
+// Note [GradScaler under Join]
+// ----------------------------
+// With uneven inputs (distributed/join.h) a rank that has run out of batches sits in Join::join()
+// while the others keep stepping, and each of their steps ends with the all-reduce above. The
+// joined rank must issue it too, or the others wait forever (or, worse, their all-reduce meets
+// the joined rank's next per-iteration count). So the scaler is a Joinable: for every iteration of
+// the others, after DDP's hook has shadowed the gradient all-reduces, its hook all-reduces a 0
+// ("no overflow here": a joined rank has no gradients of its own) once per optimizer its last
+// step unscaled, and feeds the verdict to the same update rule. Its scale and growth tracker so
+// follow the running ranks' step by step, and all ranks leave the Join with one scale: the next
+// epoch, or a checkpoint, sees a single value.
+// The hook shadows one step per iteration, so the loop must step after every synchronizing
+// backward (no accumulation under no_sync); and it must come after the DDP model in the Join's
+// list, whose first participant counts the iterations at the start of the forward (the scaler
+// refuses to be first rather than hang).
 
 #include "optim/grad_scaler.h"
 
@@ -59,7 +75,20 @@ Tensor GradScaler::scale(const Tensor& loss) const {
   return ddplab::mul(loss, scale_);
 }
 
+namespace {
+
+// Note [GradScaler under Join]: the Join's first participant must be the one whose forward
+// starts the iteration (DDP), not the scaler, whose all-reduce ends it.
+void check_not_first_joinable(const distributed::JoinConfig& config) {
+  DDP_CHECK(!(config.enable && config.is_first_joinable),
+            "GradScaler: it is the first participant of a Join; list the DDP model first, e.g. "
+            "Join({ddp.get(), &scaler})");
+}
+
+}  // namespace
+
 void GradScaler::unscale_(Optimizer& optimizer) {
+  check_not_first_joinable(join_config);
   if (!options_.enabled) return;
   PerOptimizer& state = per_optimizer_[&optimizer];
   DDP_CHECK(state.stage == Stage::kReady,
@@ -88,16 +117,20 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   Tensor total = sums.empty() ? ops::zeros({1}, {kFloat64, device})
                               : ops::reshape(ops::sum(ops::stack(sums)), {1});
   // 1 where some gradient was not finite, else 0.
-  Tensor found = ops::rsub(ops::to(ops::isfinite(total), kFloat32), 1.0);
+  state.found_inf = agree_on_overflow(ops::rsub(ops::to(ops::isfinite(total), kFloat32), 1.0));
+  state.stage = Stage::kUnscaled;
+}
+
+bool GradScaler::agree_on_overflow(Tensor found) {
   if (pg_) {  // Note [One scale on every rank]
     found = ops::to(found, pg_->device());
     pg_->all_reduce(found, distributed::ReduceOp::Max)->wait();
   }
-  state.found_inf = found.item<double>() != 0;
-  state.stage = Stage::kUnscaled;
+  return found.item<double>() != 0;
 }
 
 bool GradScaler::step(Optimizer& optimizer) {
+  check_not_first_joinable(join_config);
   if (!options_.enabled) {
     optimizer.step();
     return true;
@@ -117,6 +150,12 @@ void GradScaler::update() {
   if (per_optimizer_.empty()) return;  // nothing was unscaled: no evidence either way
   bool found_inf = false;
   for (const auto& entry : per_optimizer_) found_inf = found_inf || entry.second.found_inf;
+  optimizers_per_step_ = per_optimizer_.size();  // each made one agreement (unscale_)
+  update_scale(found_inf);
+  per_optimizer_.clear();
+}
+
+void GradScaler::update_scale(bool found_inf) {
   if (found_inf) {
     scale_ *= options_.backoff_factor;
     growth_tracker_ = 0;
@@ -124,7 +163,6 @@ void GradScaler::update() {
     scale_ *= options_.growth_factor;
     growth_tracker_ = 0;
   }
-  per_optimizer_.clear();
 }
 
 void GradScaler::update(double new_scale) {
@@ -157,6 +195,34 @@ void GradScaler::load_state_dict(const nlohmann::json& state) {
   options_.backoff_factor = state.at("backoff_factor").get<double>();
   options_.growth_interval = state.at("growth_interval").get<int64_t>();
   growth_tracker_ = state.at("_growth_tracker").get<int64_t>();
+}
+
+// What a joined rank does for the scaler (Note [GradScaler under Join]).
+class GradScalerJoinHook : public distributed::JoinHook {
+ public:
+  explicit GradScalerJoinHook(GradScaler& scaler) : scaler_(scaler) {}
+  void main_hook() override { scaler_.join_shadow_step(); }
+
+ private:
+  GradScaler& scaler_;
+};
+
+std::unique_ptr<distributed::JoinHook> GradScaler::join_hook() {
+  return std::make_unique<GradScalerJoinHook>(*this);
+}
+
+Device GradScaler::join_device() const {
+  return pg_ ? pg_->device() : Device(kCPU);
+}
+
+void GradScaler::join_shadow_step() {
+  if (!options_.enabled || !pg_) return;  // the running ranks issue no all-reduce either
+  bool found_inf = false;
+  for (size_t i = 0; i < optimizers_per_step_; ++i) {
+    // The running ranks' verdict, to which this rank adds "no overflow".
+    found_inf = agree_on_overflow(ops::zeros({1}, {kFloat32, pg_->device()})) || found_inf;
+  }
+  update_scale(found_inf);
 }
 
 }  // namespace ddplab::optim

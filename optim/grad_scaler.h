@@ -15,6 +15,11 @@
 //
 // With a process group, the overflow flag is all-reduced (max) so that every rank takes the same
 // decision (Note [One scale on every rank] in grad_scaler.cpp).
+//
+// With uneven inputs the scaler joins the Join after the DDP model, because a rank out of data
+// must take part in that all-reduce too (Note [GradScaler under Join] in grad_scaler.cpp):
+//
+//   distributed::Join join({ddp.get(), &scaler});
 #pragma once
 
 #include <cstdint>
@@ -22,12 +27,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "distributed/join.h"
 #include "optim/optimizer.h"
 #include "tensor/tensor.h"
-
-namespace ddplab::distributed {
-class ProcessGroup;
-}
 
 namespace ddplab::optim {
 
@@ -40,7 +42,7 @@ struct GradScalerOptions {
   bool enabled = true;             // false: every method passes through (same loop either way)
 };
 
-class GradScaler {
+class GradScaler : public distributed::Joinable {
  public:
   // `pg`: the group whose ranks must agree on skipping a step (null: this process alone).
   explicit GradScaler(GradScalerOptions options = {},
@@ -68,7 +70,20 @@ class GradScaler {
   nlohmann::json state_dict() const;
   void load_state_dict(const nlohmann::json& state);
 
+  // Joinable (distributed/join.h): a rank out of inputs answers "no overflow" to the others'
+  // found-inf all-reduce of every step, and updates its scale with their verdict.
+  std::unique_ptr<distributed::JoinHook> join_hook() override;
+  Device join_device() const override;
+  std::shared_ptr<distributed::ProcessGroup> join_process_group() const override { return pg_; }
+
  private:
+  friend class GradScalerJoinHook;
+  // The all-reduce (max) of this rank's overflow flag (1 or 0): whether any rank overflowed.
+  bool agree_on_overflow(Tensor found);
+  // One update() from the step's agreed flag: back off, or count towards growth.
+  void update_scale(bool found_inf);
+  void join_shadow_step();  // a joined rank's part of one step of the others
+
   enum class Stage { kReady, kUnscaled, kStepped };
   struct PerOptimizer {
     Stage stage = Stage::kReady;
@@ -80,6 +95,7 @@ class GradScaler {
   double scale_;
   int64_t growth_tracker_ = 0;
   std::map<const Optimizer*, PerOptimizer> per_optimizer_;  // this iteration's, until update()
+  size_t optimizers_per_step_ = 1;  // how many agreements the last step made (one per optimizer)
 };
 
 }  // namespace ddplab::optim

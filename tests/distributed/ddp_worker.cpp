@@ -38,10 +38,14 @@
 //                          process on the running ranks' batches (times k/W); no hang; the final
 //                          models equal (THROW 1: throw_on_early_termination, every rank raises;
 //                          KIND bn: with SyncBatchNorm, which the joined ranks replay)
+//   join_scaler            the same uneven batches with a GradScaler in the Join; an inf at step 1
+//                          (last rank) and step 4 (rank 0, the others joined): every rank skips
+//                          both, the scale and the model equal one process's, no hang
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +63,7 @@
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/sync_batchnorm.h"
+#include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -867,6 +872,81 @@ void join(const std::shared_ptr<ProcessGroup>& pg, bool throw_early, const std::
   check(final_diff <= 1e-5, "the final model differs from the single process's");
 }
 
+// join()'s batches with dynamic loss scaling: the overflow of step 4 is found while the other
+// ranks sit in the Join, so they must take part in the found-inf all-reduce (Note [GradScaler
+// under Join] in optim/grad_scaler.cpp) to skip it, and to halve their scale, with rank 0.
+void join_scaler(const std::shared_ptr<ProcessGroup>& pg) {
+  const int64_t B = 8;
+  auto batches_of = [](int r) { return kSteps - r; };
+  optim::GradScalerOptions so;
+  so.init_scale = 1024;
+  so.growth_interval = 3;  // grows during the shadowed steps too
+  // (step, rank) whose loss is multiplied by inf: one step where all run, one where one runs.
+  auto poisoned = [](int step, int rank) {
+    return (step == 1 && rank == g_world - 1) || (step == 4 && rank == 0);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+
+  // Reference: one process on the running ranks' rows, loss scaled by k/W, the same overflows.
+  auto ref = make_seeded("mlp", 42);
+  optim::SGD ref_opt(ref->parameters(), sgd_options());
+  optim::GradScaler ref_scaler(so);
+  std::vector<bool> ref_stepped;
+  for (int step = 0; step < kSteps; ++step) {
+    int k = 0;
+    while (k < g_world && batches_of(k) > step) ++k;
+    ref_opt.zero_grad();
+    Tensor loss = loss_of(*ref, global_batch(step, g_world * B).rows(0, k * B)) *
+                  (static_cast<double>(k) / g_world);
+    bool poison = false;
+    for (int r = 0; r < k; ++r) poison = poison || poisoned(step, r);
+    ref_scaler.scale(poison ? loss * inf : loss).backward();
+    ref_stepped.push_back(ref_scaler.step(ref_opt));
+    ref_scaler.update();
+  }
+  check(!ref_stepped[1] && !ref_stepped[4], "the reference should skip steps 1 and 4");
+
+  auto ddp = std::make_shared<DDP>(make_seeded("mlp", 42 + g_rank), pg);
+  optim::SGD opt(ddp->parameters(), sgd_options());
+  optim::GradScaler scaler(so, pg);
+  {
+    Join join({ddp.get(), &scaler});
+    for (int step = 0; step < batches_of(g_rank); ++step) {
+      opt.zero_grad();
+      Tensor loss = loss_of(*ddp, global_batch(step, g_world * B).rows(g_rank * B, B));
+      scaler.scale(poisoned(step, g_rank) ? loss * inf : loss).backward();
+      const bool stepped = scaler.step(opt);
+      scaler.update();
+      check(stepped == ref_stepped[step], "step " + std::to_string(step) + ": stepped " +
+                                              std::to_string(stepped) + ", one process " +
+                                              std::to_string(ref_stepped[step]));
+    }
+  }  // the Join's end: the ranks with fewer batches shadow the others' steps here
+  std::cout << "RESULT rank " << g_rank << " batches=" << batches_of(g_rank)
+            << " scale=" << scaler.get_scale() << " (one process " << ref_scaler.get_scale()
+            << ") tracker=" << scaler.get_growth_tracker() << "\n";
+  check(scaler.get_scale() == ref_scaler.get_scale() &&
+            scaler.get_growth_tracker() == ref_scaler.get_growth_tracker(),
+        "the scale or growth tracker differs from the single process's");
+  const double final_diff = max_param_diff(*ddp->module(), *ref);
+  std::cout << "RESULT rank " << g_rank << " final max_rel_param_diff=" << final_diff << "\n";
+  check(final_diff <= 1e-5, "the final model differs from the single process's");
+
+  // Listed first, the scaler would leave the iteration count unissued: it refuses at once.
+  bool refused = false;
+  {
+    Join wrong_order({&scaler, ddp.get()});
+    loss_of(*ddp, global_batch(0, g_world * B).rows(g_rank * B, B)).backward();
+    try {
+      scaler.step(opt);
+    } catch (const Error& e) {
+      refused = std::string(e.what()).find("list the DDP model first") != std::string::npos;
+    }
+  }
+  check(refused, "a GradScaler first in a Join should be refused");
+  scaler.update();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -914,6 +994,8 @@ int main(int argc, char** argv) {
       powersgd_bytes(pg);
     } else if (scenario == "join") {
       join(pg, args.at(0) == "1", args.size() > 1 ? args[1] : "mlp");
+    } else if (scenario == "join_scaler") {
+      join_scaler(pg);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 2;

@@ -201,6 +201,11 @@ TEST_CASE("DDP Join: uneven inputs finish, every step equals one process") {
   require_success(run_job("join", 3, {"0", "bn"}, 40s));
 }
 
+TEST_CASE("DDP Join with a GradScaler: the joined ranks share every skip and the scale") {
+  require_success(run_job("join_scaler", 2, {}, 40s));
+  require_success(run_job("join_scaler", 3, {}, 40s));
+}
+
 TEST_CASE("DDP Join: throw_on_early_termination raises on every rank") {
   require_success(run_job("join", 2, {"1"}, 40s));
   require_success(run_job("join", 3, {"1"}, 40s));

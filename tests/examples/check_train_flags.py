@@ -55,6 +55,11 @@ expect_error(["--epochs", "-3"], "--epochs must be at least 1")
 expect_error(["--subset", "-1"], "--subset must be >= 0")
 expect_error(["--threads", "-2"], "--threads must be >= 0")
 expect_error(["--batch-size", "0"], "--batch-size must be at least 1")
+# Uneven shards: the Join shadows the loss scaler's all-reduce (accepted), not a partial
+# accumulation group (refused).
+expect_error(["--even-shards", "off", "--accumulation-steps", "2"], "--accumulation-steps > 1")
+if effective_config(["--even-shards", "off", "--grad-scaler"]).get("grad-scaler") != "true":
+    failures.append("--even-shards off --grad-scaler should be accepted")
 
 with tempfile.TemporaryDirectory() as d:
     js = os.path.join(d, "c.json")
