@@ -9,8 +9,8 @@
 //   --save-every K             a checkpoint every K steps (default 4); 0: no checkpoints, and
 //                              no resume either (the uninterrupted run to compare with)
 //   --fresh                    on the first attempt, remove DIR's old checkpoints first
-//   --die-at-step S            after step S (and its checkpoint), rank --die-rank R (default 0)
-//   --die-rank R                 kills itself with SIGKILL; first attempt only
+//   --die-at-step S            after step S (and its checkpoint), rank R kills itself with
+//   --die-rank R               SIGKILL (default rank 0); first attempt only
 //   --die-while-saving-step S  rank 0 dies halfway through writing step S's checkpoint; first
 //                              attempt only
 //   --out FILE                 rank 0 writes the final weights there (safetensors)
@@ -82,16 +82,18 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags flags;
-  try {
-    flags = parse(argc, argv);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "lab07_train: %s\n", e.what());
-    return 2;
+// Removes the checkpoints in `dir` (and their temporary files), nothing else: --dir may name a
+// folder that holds other things too.
+void remove_checkpoints(const std::string& dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+      name.resize(name.size() - 4);
+    if (lab7::step_of_checkpoint(name)) std::filesystem::remove(entry.path());
   }
+}
+
+int train(const Flags& flags) {
   distributed::InitOptions init;
   // The whole run takes a second or two: a rank that waits 20 s for the others is stuck (ranks
   // that resumed from different steps no longer pair their collectives), so fail instead of
@@ -107,8 +109,8 @@ int main(int argc, char** argv) {
 
   if (checkpoints) {
     if (rank == 0) {
-      if (flags.fresh && attempt == 0) std::filesystem::remove_all(flags.dir);
       std::filesystem::create_directories(flags.dir);
+      if (flags.fresh && attempt == 0) remove_checkpoints(flags.dir);
     }
     pg->barrier()->wait();
   }
@@ -161,4 +163,22 @@ int main(int argc, char** argv) {
   if (rank == 0 && !flags.out.empty()) nn::save_safetensors(flags.out, run.model.state_dict());
   pg->barrier()->wait();  // no rank leaves while rank 0 still writes
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  try {
+    flags = parse(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "lab07_train: %s\n", e.what());
+    return 2;
+  }
+  try {
+    return train(flags);
+  } catch (const std::exception& e) {  // e.g. a LAB_TODO not done yet: say which, not abort()
+    std::fprintf(stderr, "lab07_train: %s\n", e.what());
+    return 1;
+  }
 }
