@@ -44,8 +44,10 @@ class BlobDataset : public data::Dataset {
 };
 
 // Dropout is the point: it draws from the default generator at every step, so a resumed run that
-// does not restore the generator's state draws other masks and drifts away.
-std::shared_ptr<nn::Module> make_model() {
+// does not restore the generator's state draws other masks and drifts away. The generator is
+// seeded first, on every rank alike: the initial weights come from it too.
+std::shared_ptr<nn::Module> make_model(uint64_t seed) {
+  manual_seed(seed);
   return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
       std::make_shared<nn::Linear>(kFeatures, 32), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Dropout>(0.25), std::make_shared<nn::Linear>(32, kClasses)});
@@ -54,7 +56,7 @@ std::shared_ptr<nn::Module> make_model() {
 }  // namespace
 
 ToyTraining::ToyTraining(std::shared_ptr<distributed::ProcessGroup> pg, uint64_t seed)
-    : net_((manual_seed(seed), make_model())),
+    : net_(make_model(seed)),
       ddp_(pg ? std::make_shared<distributed::DDP>(net_, pg) : nullptr),
       loader_([&] {
         data::DataLoaderOptions o;
