@@ -202,7 +202,12 @@ def driver(args):
     # Without --env-set: the wait policy ddprun gives its workers, for every program alike.
     env_sets = [parse_env_set(s) for s in args.env_set] or [
         ("", omp_wait_default({**os.environ, **dict(kv.split("=", 1) for kv in args.env)}))]
-    loads = [int(n) for n in args.load.split(",")]
+    try:
+        loads = [int(n) for n in args.load.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench_train.py: --load '{args.load}': expected counts such as 2 or 0,2")
+    if any(n < 0 for n in loads):
+        raise SystemExit(f"bench_train.py: --load '{args.load}': counts cannot be negative")
     models = args.models.split(",")
     thread_counts = [int(s) for s in args.threads_list.split(",")]
     # Every cell of the table: (model, threads, load, env set name).

@@ -79,7 +79,10 @@ class CompetingLoad:
         self.procs = []
 
     def __enter__(self):
-        spin = "while True: pass"
+        # Spins, and every ~10 ms checks that the driver is still its parent: a driver killed
+        # without running __exit__ leaves no spinner behind.
+        spin = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+                "    for _ in range(100000): pass\n")
         self.procs = [subprocess.Popen([sys.executable, "-S", "-c", spin]) for _ in range(self.n)]
         if self.procs:
             time.sleep(0.2)  # let them start spinning before the measurement does
