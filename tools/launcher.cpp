@@ -231,7 +231,7 @@ class Agent {
     // How OpenMP threads wait for work, unless the user chose (either variable): spin ~1000
     // pause instructions (some 30 us), then sleep. libgomp's default spins 300000 (about 10 ms)
     // at every barrier; when other processes share the cores, that spinning takes the time
-    // slices the thread still computing needs, and a step gets 2-4x slower. Sleeping at once
+    // slices the thread still computing needs, and a step gets 2-12x slower. Sleeping at once
     // (OMP_WAIT_POLICY=passive) fixes that too but costs ~10% on an idle machine, where the next
     // parallel region usually starts within those 30 us. Measured: docs/benchmarks.md, "OpenMP
     // wait policy". libgomp reads this once, when the program starts, so the launcher sets it.
