@@ -239,8 +239,8 @@ def driver(args):
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
     for name, env in env_sets:
-        print(f"env set {name or '-'}: " + (" ".join(f"{k}={v}" for k, v in env.items())
-                                             or "(the environment as it is)"))
+        settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(the environment as it is)"
+        print((f"env set {name}: " if name else "env of every program: ") + settings)
     ours = [v for v in variants if parse_variant(v)[0] == "ddplab"]
     head = "| model | threads | load | env | " + " | ".join(
         f"{v} ms/step (fwd/bwd/opt)" for v in variants)
