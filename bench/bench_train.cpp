@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,6 +47,14 @@ namespace {
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// How OpenMP threads wait between parallel regions decides the step time on a busy machine
+// (docs/benchmarks.md), and libgomp reads it from these variables at start-up: the RESULT line
+// records them ("-": unset, libgomp's default).
+const char* env_or_dash(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : "-";
 }
 
 double median(std::vector<double> v) {
@@ -241,9 +250,10 @@ int run(const Config& c) {
       ips);
   std::printf(
       "RESULT impl=ddplab model=%s device=%s batch=%lld threads=%d precision=%s step_ms=%.3f "
-      "fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f ips=%.1f\n",
+      "fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f ips=%.1f omp_wait_policy=%s gomp_spincount=%s\n",
       c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads,
-      precision.c_str(), ms, median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips);
+      precision.c_str(), ms, median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips,
+      env_or_dash("OMP_WAIT_POLICY"), env_or_dash("GOMP_SPINCOUNT"));
 
   if (c.profile) {
     Breakdown fwd, bwd, opt_b;

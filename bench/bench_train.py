@@ -15,16 +15,26 @@ under ddplab's AutocastGuard.
 Driver mode (what docs/benchmarks.md quotes):
 
     /usr/bin/python3 bench/bench_train.py --driver [--bin build-bench/bench/bench_train]
-        [--rounds 3] [--threads 1,2] [--models resnet20,cnn] [--batch 128]
+        [--rounds 3] [--threads-list 1,2] [--models resnet20,cnn] [--batch 128]
+        [--variants ddplab,torch+malloc,torch2+malloc] [--load 0,2]
+        [--env-set default --env-set passive:OMP_WAIT_POLICY=passive]
 
-runs the programs interleaved (ddplab, torch, torch with tuned malloc, ddplab, torch, ...), each
-in a fresh process (with the environment plus any `--env KEY=VALUE`, the same for every variant),
-`--rounds` times per configuration, and prints a table of medians and the ratios ddplab time /
-torch time. A variant ending in "+bf16" (ddplab+bf16, torch+bf16,
-torch+malloc+bf16) runs with --amp bf16. "torch+malloc" is PyTorch with glibc told to keep freed memory
+runs the programs interleaved (ddplab, torch, torch2, ddplab, torch, ...), each in a fresh
+process, `--rounds` times per cell (model, thread count, load, env set), and prints a table of
+medians with the ratio of each ddplab variant to the FASTER PyTorch of the same precision.
+"torch" is Debian's PyTorch 1.13 (/usr/bin/python3), "torch2" a current one from PyPI, run with
+the venv's python that scripts/pyvenv makes ($DDPLAB_VENV, default ~/.cache/ddplab/venv).
+A "+bf16" suffix runs with --amp bf16. "+malloc" runs with glibc told to keep freed memory
 (MALLOC_MMAP_MAX_=0, a large MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_): without it glibc hands
 large freed blocks back to the OS and PyTorch faults fresh pages in every step
 (/work/shared/toolchain.md), which ddplab's caching allocator avoids by design.
+
+Every variant gets the same environment: this one, OMP_NUM_THREADS = the thread count, every
+`--env KEY=VALUE`, and the cell's env set. `--load N` starts N spinning processes for each
+measurement and stops them after it (a list, 0,2, measures quiet and loaded in the same run);
+with several loads or env sets the driver also prints each program's step-time ratio between
+them: an A/B of the same binary, taken in one interleaved run. The output starts with the CPU
+(lscpu model name and its AVX2 / AVX-512 / AVX512-BF16 / AMX flags).
 """
 
 import argparse
@@ -33,6 +43,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+from machine import (CompetingLoad, cpu_info, load_average, omp_wait_default, torch_python,
+                     venv_python)
 
 TUNED_MALLOC = {
     "MALLOC_MMAP_MAX_": "0",
@@ -102,10 +115,11 @@ def run_torch(args):
           f"{args.threads} {precision}: step "
           f"{med[0]:.1f} ms (median of {args.steps}; forward {med[1]:.1f}, backward {med[2]:.1f}, "
           f"optimizer {med[3]:.1f}), {ips:.0f} images/s")
-    print(f"RESULT impl={impl} model={args.model} device={args.device} batch={args.batch} "
-          f"threads={args.threads} precision={precision} "
+    print(f"RESULT impl={impl} version={torch.__version__} model={args.model} "
+          f"device={args.device} batch={args.batch} threads={args.threads} precision={precision} "
           f"step_ms={med[0]:.3f} fwd_ms={med[1]:.3f} bwd_ms={med[2]:.3f} opt_ms={med[3]:.3f} "
-          f"ips={ips:.1f}")
+          f"ips={ips:.1f} omp_wait_policy={os.environ.get('OMP_WAIT_POLICY') or '-'} "
+          f"gomp_spincount={os.environ.get('GOMP_SPINCOUNT') or '-'}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -116,6 +130,31 @@ def run_torch(args):
 
 # --- driver ----------------------------------------------------------------------------------
 
+PROGRAMS = ("ddplab", "torch", "torch2")  # torch: Debian's 1.13; torch2: PyPI's, in the venv
+MODIFIERS = ("malloc", "bf16")
+
+
+def parse_variant(name):
+    """"torch2+malloc+bf16" -> ("torch2", {"malloc", "bf16"}), checked."""
+    program, *mods = name.split("+")
+    if program not in PROGRAMS or any(m not in MODIFIERS for m in mods):
+        raise SystemExit(f"bench_train.py: unknown variant '{name}': a program of "
+                         f"{'/'.join(PROGRAMS)} with optional +malloc and +bf16")
+    return program, set(mods)
+
+
+def parse_env_set(spec):
+    """"passive:OMP_WAIT_POLICY=passive,GOMP_SPINCOUNT=0" -> ("passive", {...}); "default" ->
+    ("default", {}): the environment as it is."""
+    name, _, assignments = spec.partition(":")
+    env = {}
+    for kv in filter(None, assignments.split(",")):
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"bench_train.py: --env-set '{spec}': expected NAME[:KEY=VALUE,...]")
+        env[key] = value
+    return name, env
+
 
 def parse_result(out):
     for line in out.splitlines():
@@ -124,60 +163,116 @@ def parse_result(out):
     return None
 
 
-def run_one(variant, bin_path, model, batch, threads, warmup, steps, extra_env=()):
-    common = ["--model", model, "--batch", str(batch), "--threads", str(threads),
-              "--warmup", str(warmup), "--steps", str(steps)]
+def run_one(variant, args, model, threads, env_set):
+    """One fresh process of `variant`; returns its RESULT line as a dict."""
+    program, mods = parse_variant(variant)
+    common = ["--model", model, "--batch", str(args.batch), "--threads", str(threads),
+              "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    if "bf16" in mods:
+        common += ["--amp", "bf16"]
+    if program == "ddplab":
+        cmd = [args.bin] + common
+    else:
+        cmd = [torch_python(program), os.path.abspath(__file__)] + common
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
-    env.update(kv.split("=", 1) for kv in extra_env)
-    if variant.endswith("+bf16"):
-        common += ["--amp", "bf16"]
-        variant = variant[: -len("+bf16")]
-    if variant.startswith("ddplab"):
-        cmd = [bin_path] + common
-    else:
-        cmd = [sys.executable, os.path.abspath(__file__)] + common
-    if variant.endswith("+malloc"):
+    env.update(kv.split("=", 1) for kv in args.env)
+    env.update(env_set)
+    if "malloc" in mods:
         env.update(TUNED_MALLOC)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     r = parse_result(p.stdout)
     if p.returncode != 0 or r is None:
         raise SystemExit(f"{variant} failed ({' '.join(cmd)}):\n{p.stdout}\n{p.stderr}")
-    return float(r["step_ms"]), float(r["fwd_ms"]), float(r["bwd_ms"]), float(r["opt_ms"])
+    return r
+
+
+def faster_torch(variant, variants, meds):
+    """The fastest PyTorch variant of the same precision as `variant`, or None."""
+    bf16 = "bf16" in parse_variant(variant)[1]
+    refs = [v for v in variants
+            if parse_variant(v)[0] != "ddplab" and ("bf16" in parse_variant(v)[1]) == bf16]
+    return min(refs, key=lambda v: meds[v][0]) if refs else None
 
 
 def driver(args):
     variants = args.variants.split(",")
-    configs = [(m, t) for m in args.models.split(",") for t in [int(s) for s in args.threads_list.split(",")]]
-    res = {}  # (model, threads, variant) -> list of (step, fwd, bwd, opt)
+    for v in variants:
+        parse_variant(v)
+    # Without --env-set: the wait policy ddprun gives its workers, for every program alike.
+    env_sets = [parse_env_set(s) for s in args.env_set] or [
+        ("", omp_wait_default({**os.environ, **dict(kv.split("=", 1) for kv in args.env)}))]
+    try:
+        loads = [int(n) for n in args.load.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench_train.py: --load '{args.load}': expected counts such as 2 or 0,2")
+    if any(n < 0 for n in loads):
+        raise SystemExit(f"bench_train.py: --load '{args.load}': counts cannot be negative")
+    models = args.models.split(",")
+    thread_counts = [int(s) for s in args.threads_list.split(",")]
+    # Every cell of the table: (model, threads, load, env set name).
+    cells = [(m, t, n, e) for m in models for t in thread_counts for n in loads
+             for e, _ in env_sets]
+    print(cpu_info())
+    print(f"load average at start: {load_average()}")
+    res = {}  # (cell, variant) -> list of (step, fwd, bwd, opt)
+    versions = {}
     started = time.time()
     for r in range(args.rounds):
-        for model, threads in configs:
-            for v in variants:  # interleaved: every variant once per round and configuration
-                t = run_one(v, args.bin, model, args.batch, threads, args.warmup, args.steps,
-                            args.env)
-                res.setdefault((model, threads, v), []).append(t)
-                print(f"  round {r + 1}/{args.rounds} {model} threads={threads} {v}: "
-                      f"{t[0]:.1f} ms/step", file=sys.stderr, flush=True)
-    base = variants[0]
-    refs = variants[1:]
-    print(f"\nbatch {args.batch}; each cell: median over {args.rounds} processes of the per-process "
-          f"median of {args.steps} steps (after {args.warmup} warm-up); "
-          f"ran {time.time() - started:.0f} s; {time.strftime('%Y-%m-%d %H:%M')}")
-    head = "| model | threads | " + " | ".join(f"{v} ms/step (fwd/bwd/opt)" for v in variants)
-    head += " | " + " | ".join(f"{base} / {v}" for v in refs) + " |"
+        for cell in cells:
+            model, threads, load, env_name = cell
+            for v in variants:  # interleaved: every variant once per round and cell
+                with CompetingLoad(load):
+                    out = run_one(v, args, model, threads, dict(env_sets)[env_name])
+                versions[parse_variant(v)[0]] = out.get("version", "")
+                t = tuple(float(out[k]) for k in ("step_ms", "fwd_ms", "bwd_ms", "opt_ms"))
+                res.setdefault((cell, v), []).append(t)
+                print(f"  round {r + 1}/{args.rounds} {model} threads={threads} load={load} "
+                      f"{env_name or ''} {v}: {t[0]:.1f} ms/step", file=sys.stderr, flush=True)
+    meds = {key: [statistics.median(x[i] for x in runs) for i in range(4)]
+            for key, runs in res.items()}
+
+    print(f"\nbatch {args.batch}; each cell: median over {args.rounds} processes of the "
+          f"per-process median of {args.steps} steps (after {args.warmup} warm-up); load: N "
+          f"competing spinning processes started by the benchmark; ran "
+          f"{time.time() - started:.0f} s; load average at end {load_average()}; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v))
+    for name, env in env_sets:
+        settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(the environment as it is)"
+        print((f"env set {name}: " if name else "env of every program: ") + settings)
+    ours = [v for v in variants if parse_variant(v)[0] == "ddplab"]
+    head = "| model | threads | load | env | " + " | ".join(
+        f"{v} ms/step (fwd/bwd/opt)" for v in variants)
+    head += "".join(f" | {v} / faster torch" for v in ours) + " |"
     print(head)
-    print("|" + "---|" * (2 + len(variants) + len(refs)))
-    for model, threads in configs:
-        meds = {}
-        cells = []
-        for v in variants:
-            runs = res[(model, threads, v)]
-            meds[v] = [statistics.median(x[i] for x in runs) for i in range(4)]
-            m = meds[v]
-            cells.append(f"{m[0]:.1f} ({m[1]:.0f}/{m[2]:.0f}/{m[3]:.1f})")
-        ratios = [f"{meds[base][0] / meds[v][0]:.2f}" for v in refs]
-        print(f"| {model} | {threads} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    print("|" + "---|" * (4 + len(variants) + len(ours)))
+    for cell in cells:
+        m = {v: meds[(cell, v)] for v in variants}
+        row = [f"{x[0]:.1f} ({x[1]:.0f}/{x[2]:.0f}/{x[3]:.1f})" for x in m.values()]
+        for v in ours:
+            ref = faster_torch(v, variants, m)
+            row.append(f"{m[v][0] / m[ref][0]:.2f} ({ref})" if ref else "-")
+        model, threads, load, env_name = cell
+        print(f"| {model} | {threads} | {load} | {env_name or '-'} | " + " | ".join(row) + " |")
+
+    # The A/B ratios of the same program: each env set against the first, at the same load; and
+    # each load against the first, in the same env set.
+    for title, axis, values in (("env set", 3, [e for e, _ in env_sets]), ("load", 2, loads)):
+        if len(values) < 2:
+            continue
+        print(f"\nstep time ratio, {title} X / {title} {values[0]} (same program, same run):")
+        print("| model | threads | " + ("load" if axis == 3 else "env") + " | " + title + " | "
+              + " | ".join(variants) + " |")
+        print("|" + "---|" * (4 + len(variants)))
+        for cell in cells:
+            if cell[axis] == values[0]:
+                continue
+            base = cell[:axis] + (values[0],) + cell[axis + 1:]
+            ratios = [f"{meds[(cell, v)][0] / meds[(base, v)][0]:.2f}" for v in variants]
+            other = cell[2] if axis == 3 else (cell[3] or "-")
+            print(f"| {cell[0]} | {cell[1]} | {other} | {cell[axis]} | " + " | ".join(ratios)
+                  + " |")
 
 
 def main():
@@ -199,10 +294,20 @@ def main():
     ap.add_argument("--threads-list", default="1,2")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="set for every variant (repeatable), e.g. OMP_WAIT_POLICY=passive")
-    ap.add_argument("--variants", default="ddplab,torch,torch+malloc",
-                    help="first is the numerator of the ratios; ddplab+malloc also exists; "
-                         "a +bf16 suffix adds --amp bf16")
+    ap.add_argument("--env-set", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+                    help="(repeatable) run every variant under each set, interleaved, and print "
+                         "the ratios of each set to the first; e.g. --env-set default "
+                         "--env-set passive:OMP_WAIT_POLICY=passive")
+    ap.add_argument("--load", default="0", metavar="N[,N...]",
+                    help="competing spinning processes during each measurement; a list "
+                         "(0,2) measures quiet and loaded interleaved")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated; programs ddplab, torch (Debian's 1.13), torch2 (PyPI's, "
+                         "in $DDPLAB_VENV); suffixes +malloc, +bf16 (default: ddplab,torch+malloc,"
+                         "torch2+malloc; without the venv ddplab,torch+malloc)")
     args = ap.parse_args()
+    if args.variants is None:
+        args.variants = "ddplab,torch+malloc" + (",torch2+malloc" if venv_python() else "")
     if args.driver:
         driver(args)
     else:

@@ -228,6 +228,15 @@ class Agent {
       unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, cores / unsigned(n)));
     }
+    // How OpenMP threads wait for work, unless the user chose (either variable): spin ~1000
+    // pause instructions (some 30 us), then sleep. libgomp's default spins 300000 (about 10 ms)
+    // at every barrier; when other processes share the cores, that spinning takes the time
+    // slices the thread still computing needs, and a step gets 2-12x slower. Sleeping at once
+    // (OMP_WAIT_POLICY=passive) fixes that too but costs ~10% on an idle machine, where the next
+    // parallel region usually starts within those 30 us. Measured: docs/benchmarks.md, "OpenMP
+    // wait policy". libgomp reads this once, when the program starts, so the launcher sets it.
+    if (!env.count("OMP_WAIT_POLICY") && !env.count("GOMP_SPINCOUNT"))
+      env["GOMP_SPINCOUNT"] = "1000";
     std::vector<WorkerSpec> specs;
     for (int local = 0; local < n; ++local) {
       int rank = cfg_.node_rank * n + local;

@@ -38,10 +38,11 @@ int rank() {
 
 int write_env(const std::string& dir, int argc, char** argv) {
   std::ofstream f(dir + "/env." + env("RANK"));
-  for (const char* k : {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE",
-                        "WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                        "TORCHELASTIC_RUN_ID", "DDPLAB_RESTART_COUNT", "OMP_NUM_THREADS"})
+  for (const char* k :
+       {"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+        "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "DDPLAB_RESTART_COUNT",
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
     f << k << "=" << env(k) << "\n";
   f << "ARGV=";
   for (int i = 3; i < argc; ++i) f << argv[i] << (i + 1 < argc ? " " : "");

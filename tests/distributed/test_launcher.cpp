@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -129,6 +130,46 @@ TEST_CASE("ddprun: two workers get torchrun's environment; output is prefixed an
   CHECK(e1["LOCAL_RANK"] == "1");
   CHECK(e0["MASTER_PORT"] == e1["MASTER_PORT"]);
   CHECK(std::atoi(e0["MASTER_PORT"].c_str()) > 0);
+}
+
+// Sets (or, with nullptr, removes) one variable of this process's environment, which the
+// launched ddprun inherits, and puts the old value back at the end of the scope.
+struct ScopedEnv {
+  std::string name;
+  std::optional<std::string> old;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) old = v;
+    value ? setenv(n, value, 1) : unsetenv(n);
+  }
+  ~ScopedEnv() { old ? setenv(name.c_str(), old->c_str(), 1) : unsetenv(name.c_str()); }
+};
+
+std::map<std::string, std::string> worker_env_under_ddprun(const TempDir& dir) {
+  Launch run(
+      {"--standalone", "--nproc-per-node", "1", need_env("FAKE_WORKER"), "env", dir.path.string()},
+      dir.path / "out");
+  REQUIRE(run.wait() == 0);
+  return parse_env(dir.path / "env.0");
+}
+
+TEST_CASE("ddprun: workers spin briefly for OpenMP work unless the user chose a wait policy") {
+  TempDir dir;
+  {
+    ScopedEnv policy("OMP_WAIT_POLICY", nullptr), spins("GOMP_SPINCOUNT", nullptr);
+    auto e = worker_env_under_ddprun(dir);
+    CHECK(e["GOMP_SPINCOUNT"] == "1000");
+    CHECK(e["OMP_WAIT_POLICY"] == "");
+  }
+  {  // the user's choice wins, either variable
+    ScopedEnv policy("OMP_WAIT_POLICY", "passive"), spins("GOMP_SPINCOUNT", nullptr);
+    auto e = worker_env_under_ddprun(dir);
+    CHECK(e["OMP_WAIT_POLICY"] == "passive");
+    CHECK(e["GOMP_SPINCOUNT"] == "");
+  }
+  {
+    ScopedEnv policy("OMP_WAIT_POLICY", nullptr), spins("GOMP_SPINCOUNT", "5000");
+    CHECK(worker_env_under_ddprun(dir)["GOMP_SPINCOUNT"] == "5000");
+  }
 }
 
 TEST_CASE("ddprun: a failed worker restarts the whole group when restarts remain") {
