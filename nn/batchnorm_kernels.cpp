@@ -87,8 +87,10 @@ void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
   }
 }
 
-// y = (x - mean) * invstd * weight + bias, as y = x * scale + shift per channel.
-template <class T>
+// y = (x - mean) * invstd * weight + bias, as y = x * scale + shift per channel; with kRelu, also
+// y = max(y, 0) in the same pass (batch_norm_relu), the clamp written as ReluOp writes it so that
+// NaN stays NaN.
+template <class T, bool kRelu = false>
 void normalize(const T* x, const BnShape& d, const double* mean, const double* invstd,
                const T* weight, const T* bias, T* y) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
@@ -100,7 +102,14 @@ void normalize(const T* x, const BnShape& d, const double* mean, const double* i
     for (int64_t n = 0; n < d.n; ++n) {
       const T* p = x + (n * d.c + c) * d.s;
       T* q = y + (n * d.c + c) * d.s;
-      for (int64_t i = 0; i < d.s; ++i) q[i] = p[i] * sc + sh;
+      if constexpr (kRelu) {
+        for (int64_t i = 0; i < d.s; ++i) {
+          const T v = p[i] * sc + sh;
+          q[i] = v <= T(0) ? T(0) : v;
+        }
+      } else {
+        for (int64_t i = 0; i < d.s; ++i) q[i] = p[i] * sc + sh;
+      }
     }
   }
 }
@@ -113,17 +122,32 @@ void normalize(const T* x, const BnShape& d, const double* mean, const double* i
 //   eval:     dx = weight * invstd * dy (the running statistics are constants).
 // The two steps are separate functions because SyncBatchNorm all-reduces the sums between them.
 
+// batch_norm_relu folds relu's backward into batch norm's: the gradient that reaches batch norm's
+// output is dy where the relu let the value through (y > 0, y being the fused op's output) and 0
+// elsewhere, exactly what relu_backward would have written into a tensor of its own. Reading it
+// on the fly saves that tensor and a pass over memory. `y` is the fused output (kRelu) or unused.
+template <bool kRelu, class T>
+T grad_out(const T* dy, const T* y, int64_t i) {
+  if constexpr (kRelu) {
+    return y[i] > T(0) ? dy[i] : T(0);
+  } else {
+    return dy[i];
+  }
+}
+
 // sum(dy) and sum(dy * (x - mu)) over channel c.
-template <class T>
-void channel_grad_sums(const T* x, const T* dy, const BnShape& d, int64_t c, double mu,
+template <bool kRelu = false, class T>
+void channel_grad_sums(const T* x, const T* dy, const T* y, const BnShape& d, int64_t c, double mu,
                        double& sum_dy, double& sum_dy_xmu) {
   sum_dy = 0;
   sum_dy_xmu = 0;
   for (int64_t n = 0; n < d.n; ++n) {
-    const T* px = x + (n * d.c + c) * d.s;
-    const T* pg = dy + (n * d.c + c) * d.s;
-    sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
-    sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
+    const int64_t row = (n * d.c + c) * d.s;
+    const T *px = x + row, *pg = dy + row, *py = kRelu ? y + row : nullptr;
+    sum_dy += row_sum<T>(
+        d.s, [pg, py](int64_t i) { return static_cast<double>(grad_out<kRelu>(pg, py, i)); });
+    sum_dy_xmu += row_sum<T>(
+        d.s, [pg, py, px, mu](int64_t i) { return grad_out<kRelu>(pg, py, i) * (px[i] - mu); });
   }
 }
 
@@ -132,44 +156,46 @@ void channel_grad_sums(const T* x, const T* dy, const BnShape& d, int64_t c, dou
 // In double even for float32: the three terms can nearly cancel, and in float32 the rounding of
 // each (~1e-7 of it) is then a large part of dx; over a few steps that moved DDP with
 // SyncBatchNorm away from single-process training by 5e-4 (tests/distributed, ddp_train_syncbn).
-template <class T>
-void channel_input_grad(const T* x, const T* dy, const BnShape& d, int64_t c, double mu, double is,
-                        double g, double sum_dy, double sum_dy_xmu, double count, T* dx) {
+template <bool kRelu = false, class T>
+void channel_input_grad(const T* x, const T* dy, const T* y, const BnShape& d, int64_t c, double mu,
+                        double is, double g, double sum_dy, double sum_dy_xmu, double count,
+                        T* dx) {
   const double k = g * is;
   const double mean_dy = sum_dy / count;
   const double proj = sum_dy_xmu * is * is / count;
   for (int64_t n = 0; n < d.n; ++n) {
-    const T* px = x + (n * d.c + c) * d.s;
-    const T* pg = dy + (n * d.c + c) * d.s;
-    T* q = dx + (n * d.c + c) * d.s;
+    const int64_t row = (n * d.c + c) * d.s;
+    const T *px = x + row, *pg = dy + row, *py = kRelu ? y + row : nullptr;
+    T* q = dx + row;
     for (int64_t i = 0; i < d.s; ++i)
-      q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
+      q[i] = static_cast<T>(k * (grad_out<kRelu>(pg, py, i) - mean_dy - (px[i] - mu) * proj));
   }
 }
 
 // batch_norm's backward, one channel at a time (the channel's x and dy are still in cache when
-// dx is written).
-template <class T>
-void backward(const T* x, const T* dy, const BnShape& d, const double* mean, const double* invstd,
-              const T* weight, bool training, T* dx, T* dweight, T* dbias) {
+// dx is written). With kRelu, batch_norm_relu's: y is the fused output, whose sign masks dy.
+template <bool kRelu, class T>
+void backward(const T* x, const T* dy, const T* y, const BnShape& d, const double* mean,
+              const double* invstd, const T* weight, bool training, T* dx, T* dweight, T* dbias) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     const double mu = mean[c], is = invstd[c];
     double sum_dy = 0, sum_dy_xmu = 0;
-    channel_grad_sums(x, dy, d, c, mu, sum_dy, sum_dy_xmu);
+    channel_grad_sums<kRelu>(x, dy, y, d, c, mu, sum_dy, sum_dy_xmu);
     if (dweight) dweight[c] = static_cast<T>(sum_dy_xmu * is);
     if (dbias) dbias[c] = static_cast<T>(sum_dy);
     if (!dx) continue;
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
     if (training) {
-      channel_input_grad(x, dy, d, c, mu, is, g, sum_dy, sum_dy_xmu, static_cast<double>(d.count()),
-                         dx);
+      channel_input_grad<kRelu>(x, dy, y, d, c, mu, is, g, sum_dy, sum_dy_xmu,
+                                static_cast<double>(d.count()), dx);
     } else {
       const T k = static_cast<T>(g * is);
       for (int64_t n = 0; n < d.n; ++n) {
-        const T* pg = dy + (n * d.c + c) * d.s;
-        T* q = dx + (n * d.c + c) * d.s;
-        for (int64_t i = 0; i < d.s; ++i) q[i] = pg[i] * k;
+        const int64_t row = (n * d.c + c) * d.s;
+        const T *pg = dy + row, *py = kRelu ? y + row : nullptr;
+        T* q = dx + row;
+        for (int64_t i = 0; i < d.s; ++i) q[i] = grad_out<kRelu>(pg, py, i) * k;
       }
     }
   }
@@ -180,7 +206,7 @@ template <class T>
 void grad_sums(const T* x, const T* dy, const BnShape& d, const double* mean, double* sums) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
-    channel_grad_sums(x, dy, d, c, mean[c], sums[c], sums[d.c + c]);
+    channel_grad_sums(x, dy, static_cast<const T*>(nullptr), d, c, mean[c], sums[c], sums[d.c + c]);
   }
 }
 
@@ -190,7 +216,8 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
-    channel_input_grad(x, dy, d, c, mean[c], invstd[c], g, sums[c], sums[d.c + c], count, dx);
+    channel_input_grad(x, dy, static_cast<const T*>(nullptr), d, c, mean[c], invstd[c], g, sums[c],
+                       sums[d.c + c], count, dx);
   }
 }
 
@@ -212,11 +239,11 @@ std::vector<double> to_doubles(const Tensor& t) {
   return t.to_vector<double>();
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight_in, const Tensor& bias_in, bool training, double momentum,
-                  double eps) {
+// batch_norm, and with fuse_relu batch_norm_relu: relu(batch_norm(...)) with the clamp in the
+// normalize pass and relu's backward folded into batch norm's (grad_out above).
+Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight_in, const Tensor& bias_in, bool training,
+                       double momentum, double eps, bool fuse_relu) {
   DDP_CHECK(x_in.defined(), "batch_norm: input is undefined");
   DDP_CHECK(x_in.dim() == 2 || x_in.dim() == 4 || x_in.dim() == 3,
             "batch_norm: expected input [N, C], [N, C, L] or [N, C, H, W], got shape "
@@ -249,8 +276,9 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 
 #if defined(DDP_CUDA)
   if (x_in.is_cuda()) {
-    return cudnn::batch_norm(x_in, running_mean, running_var, weight_in, bias_in, weight, bias,
-                             training, use_batch_stats, momentum, eps);
+    Tensor y = cudnn::batch_norm(x_in, running_mean, running_var, weight_in, bias_in, weight, bias,
+                                 training, use_batch_stats, momentum, eps);
+    return fuse_relu ? relu(y) : y;  // cuDNN's own fused mode is not wired up: two kernels
   }
 #endif
 
@@ -280,11 +308,17 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   }
 
   Tensor y = ops::empty(x.shape(), x.options());
-  DDP_NN_DISPATCH(
-      x.dtype(), "batch_norm",
-      normalize(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(),
-                weight.defined() ? weight.data_ptr<scalar_t>() : nullptr,
-                bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>()));
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm", {
+    const scalar_t* w = weight.defined() ? weight.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* b = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+    if (fuse_relu) {
+      normalize<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
+                                y.data_ptr<scalar_t>());
+    } else {
+      normalize(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
+                y.data_ptr<scalar_t>());
+    }
+  });
 
   std::vector<Tensor> inputs{x_in};
   if (weight.defined()) inputs.push_back(weight_in);
@@ -295,10 +329,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   const bool has_w = weight.defined(), has_b = bias.defined();
   autograd::Saved saved{x, stats, stats_invstd};
   if (has_w) saved.push_back(weight);
+  // The fused op's mask is its own output's sign (as relu's backward, which saves its output).
+  const size_t iy = saved.size();
+  if (fuse_relu) saved.push_back(y);
   return autograd::record(
-      "NativeBatchNormBackward", y, inputs, std::move(saved),
-      [d, use_batch_stats, has_w, has_b](const Tensor& grad, const autograd::Saved& s,
-                                         const autograd::Needs& needs) {
+      fuse_relu ? "NativeBatchNormReluBackward" : "NativeBatchNormBackward", y, inputs,
+      std::move(saved),
+      [d, use_batch_stats, has_w, has_b, fuse_relu, iy](
+          const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
         Tensor dy = ops::contiguous(grad);
         autograd::Grads g(needs.size());
@@ -308,17 +346,42 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
         Tensor db = has_b && needs[ib] ? ops::empty({d.c}, x.options()) : Tensor();
         const double* mean = s[1].data_ptr<double>();
         const double* invstd = s[2].data_ptr<double>();
-        DDP_NN_DISPATCH(x.dtype(), "batch_norm backward",
-                        backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, mean, invstd,
-                                 has_w ? s[3].data_ptr<scalar_t>() : nullptr, use_batch_stats,
-                                 dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
-                                 dw.defined() ? dw.data_ptr<scalar_t>() : nullptr,
-                                 db.defined() ? db.data_ptr<scalar_t>() : nullptr));
+        DDP_NN_DISPATCH(x.dtype(), "batch_norm backward", {
+          const scalar_t* w = has_w ? s[3].data_ptr<scalar_t>() : nullptr;
+          scalar_t* pdx = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
+          scalar_t* pdw = dw.defined() ? dw.data_ptr<scalar_t>() : nullptr;
+          scalar_t* pdb = db.defined() ? db.data_ptr<scalar_t>() : nullptr;
+          if (fuse_relu) {
+            backward<true>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                           s[iy].data_ptr<scalar_t>(), d, mean, invstd, w, use_batch_stats, pdx,
+                           pdw, pdb);
+          } else {
+            backward<false>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                            static_cast<const scalar_t*>(nullptr), d, mean, invstd, w,
+                            use_batch_stats, pdx, pdw, pdb);
+          }
+        });
         g[0] = dx;
         if (has_w) g[iw] = dw;
         if (has_b) g[ib] = db;
         return g;
       });
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                         /*fuse_relu=*/false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                       double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                         /*fuse_relu=*/true);
 }
 
 // --- the steps, for SyncBatchNorm (nn/batchnorm_kernels.h) --------------------------------------
