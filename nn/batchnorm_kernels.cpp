@@ -122,32 +122,41 @@ void normalize(const T* x, const BnShape& d, const double* mean, const double* i
 //   eval:     dx = weight * invstd * dy (the running statistics are constants).
 // The two steps are separate functions because SyncBatchNorm all-reduces the sums between them.
 
-// batch_norm_relu folds relu's backward into batch norm's: the gradient that reaches batch norm's
-// output is dy where the relu let the value through (y > 0, y being the fused op's output) and 0
-// elsewhere, exactly what relu_backward would have written into a tensor of its own. Reading it
-// on the fly saves that tensor and a pass over memory. `y` is the fused output (kRelu) or unused.
-template <bool kRelu, class T>
-T grad_out(const T* dy, const T* y, int64_t i) {
-  if constexpr (kRelu) {
-    return y[i] > T(0) ? dy[i] : T(0);
-  } else {
-    return dy[i];
+// The rows of the gradient that reaches batch norm's output. For batch_norm: dy itself. For
+// batch_norm_relu, whose backward folds relu's in: dy where the fused output y is > 0 and 0
+// elsewhere, exactly what relu_backward would have written into a tensor of its own. Here it is
+// written one row at a time into a buffer that stays in L1 cache: no full-size tensor, one pass
+// over memory fewer, and the sums below keep loops without a condition, which the compiler
+// vectorizes (with the condition inside, it does not).
+template <class T>
+class GradRows {
+ public:
+  // y: the fused output, or nullptr (no relu); s: the length of a row.
+  GradRows(const T* dy, const T* y, int64_t s) : dy_(dy), y_(y), buf_(y ? s : 0) {}
+  // The row that starts at `offset` (s values).
+  const T* row(int64_t offset, int64_t s) {
+    if (y_ == nullptr) return dy_ + offset;
+    const T *g = dy_ + offset, *out = y_ + offset;
+    for (int64_t i = 0; i < s; ++i) buf_[i] = out[i] > T(0) ? g[i] : T(0);
+    return buf_.data();
   }
-}
+
+ private:
+  const T *dy_, *y_;
+  std::vector<T> buf_;
+};
 
 // sum(dy) and sum(dy * (x - mu)) over channel c.
-template <bool kRelu = false, class T>
-void channel_grad_sums(const T* x, const T* dy, const T* y, const BnShape& d, int64_t c, double mu,
+template <class T>
+void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
                        double& sum_dy, double& sum_dy_xmu) {
   sum_dy = 0;
   sum_dy_xmu = 0;
   for (int64_t n = 0; n < d.n; ++n) {
     const int64_t row = (n * d.c + c) * d.s;
-    const T *px = x + row, *pg = dy + row, *py = kRelu ? y + row : nullptr;
-    sum_dy += row_sum<T>(
-        d.s, [pg, py](int64_t i) { return static_cast<double>(grad_out<kRelu>(pg, py, i)); });
-    sum_dy_xmu += row_sum<T>(
-        d.s, [pg, py, px, mu](int64_t i) { return grad_out<kRelu>(pg, py, i) * (px[i] - mu); });
+    const T *px = x + row, *pg = dy.row(row, d.s);
+    sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
+    sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
   }
 }
 
@@ -156,8 +165,8 @@ void channel_grad_sums(const T* x, const T* dy, const T* y, const BnShape& d, in
 // In double even for float32: the three terms can nearly cancel, and in float32 the rounding of
 // each (~1e-7 of it) is then a large part of dx; over a few steps that moved DDP with
 // SyncBatchNorm away from single-process training by 5e-4 (tests/distributed, ddp_train_syncbn).
-template <bool kRelu = false, class T>
-void channel_input_grad(const T* x, const T* dy, const T* y, const BnShape& d, int64_t c, double mu,
+template <class T>
+void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
                         double is, double g, double sum_dy, double sum_dy_xmu, double count,
                         T* dx) {
   const double k = g * is;
@@ -165,37 +174,38 @@ void channel_input_grad(const T* x, const T* dy, const T* y, const BnShape& d, i
   const double proj = sum_dy_xmu * is * is / count;
   for (int64_t n = 0; n < d.n; ++n) {
     const int64_t row = (n * d.c + c) * d.s;
-    const T *px = x + row, *pg = dy + row, *py = kRelu ? y + row : nullptr;
+    const T *px = x + row, *pg = dy.row(row, d.s);
     T* q = dx + row;
     for (int64_t i = 0; i < d.s; ++i)
-      q[i] = static_cast<T>(k * (grad_out<kRelu>(pg, py, i) - mean_dy - (px[i] - mu) * proj));
+      q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
   }
 }
 
 // batch_norm's backward, one channel at a time (the channel's x and dy are still in cache when
-// dx is written). With kRelu, batch_norm_relu's: y is the fused output, whose sign masks dy.
-template <bool kRelu, class T>
-void backward(const T* x, const T* dy, const T* y, const BnShape& d, const double* mean,
+// dx is written). y: batch_norm_relu's output, whose sign masks dy, or nullptr for batch_norm.
+template <class T>
+void backward(const T* x, const T* dy_in, const T* y, const BnShape& d, const double* mean,
               const double* invstd, const T* weight, bool training, T* dx, T* dweight, T* dbias) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
+    GradRows<T> dy(dy_in, y, d.s);
     const double mu = mean[c], is = invstd[c];
     double sum_dy = 0, sum_dy_xmu = 0;
-    channel_grad_sums<kRelu>(x, dy, y, d, c, mu, sum_dy, sum_dy_xmu);
+    channel_grad_sums(x, dy, d, c, mu, sum_dy, sum_dy_xmu);
     if (dweight) dweight[c] = static_cast<T>(sum_dy_xmu * is);
     if (dbias) dbias[c] = static_cast<T>(sum_dy);
     if (!dx) continue;
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
     if (training) {
-      channel_input_grad<kRelu>(x, dy, y, d, c, mu, is, g, sum_dy, sum_dy_xmu,
-                                static_cast<double>(d.count()), dx);
+      channel_input_grad(x, dy, d, c, mu, is, g, sum_dy, sum_dy_xmu, static_cast<double>(d.count()),
+                         dx);
     } else {
       const T k = static_cast<T>(g * is);
       for (int64_t n = 0; n < d.n; ++n) {
         const int64_t row = (n * d.c + c) * d.s;
-        const T *pg = dy + row, *py = kRelu ? y + row : nullptr;
+        const T* pg = dy.row(row, d.s);
         T* q = dx + row;
-        for (int64_t i = 0; i < d.s; ++i) q[i] = grad_out<kRelu>(pg, py, i) * k;
+        for (int64_t i = 0; i < d.s; ++i) q[i] = pg[i] * k;
       }
     }
   }
@@ -206,7 +216,8 @@ template <class T>
 void grad_sums(const T* x, const T* dy, const BnShape& d, const double* mean, double* sums) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
-    channel_grad_sums(x, dy, static_cast<const T*>(nullptr), d, c, mean[c], sums[c], sums[d.c + c]);
+    GradRows<T> rows(dy, nullptr, d.s);
+    channel_grad_sums(x, rows, d, c, mean[c], sums[c], sums[d.c + c]);
   }
 }
 
@@ -216,8 +227,8 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
-    channel_input_grad(x, dy, static_cast<const T*>(nullptr), d, c, mean[c], invstd[c], g, sums[c],
-                       sums[d.c + c], count, dx);
+    GradRows<T> rows(dy, nullptr, d.s);
+    channel_input_grad(x, rows, d, c, mean[c], invstd[c], g, sums[c], sums[d.c + c], count, dx);
   }
 }
 
@@ -346,21 +357,13 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
         Tensor db = has_b && needs[ib] ? ops::empty({d.c}, x.options()) : Tensor();
         const double* mean = s[1].data_ptr<double>();
         const double* invstd = s[2].data_ptr<double>();
-        DDP_NN_DISPATCH(x.dtype(), "batch_norm backward", {
-          const scalar_t* w = has_w ? s[3].data_ptr<scalar_t>() : nullptr;
-          scalar_t* pdx = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
-          scalar_t* pdw = dw.defined() ? dw.data_ptr<scalar_t>() : nullptr;
-          scalar_t* pdb = db.defined() ? db.data_ptr<scalar_t>() : nullptr;
-          if (fuse_relu) {
-            backward<true>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                           s[iy].data_ptr<scalar_t>(), d, mean, invstd, w, use_batch_stats, pdx,
-                           pdw, pdb);
-          } else {
-            backward<false>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                            static_cast<const scalar_t*>(nullptr), d, mean, invstd, w,
-                            use_batch_stats, pdx, pdw, pdb);
-          }
-        });
+        DDP_NN_DISPATCH(x.dtype(), "batch_norm backward",
+                        backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                 fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
+                                 has_w ? s[3].data_ptr<scalar_t>() : nullptr, use_batch_stats,
+                                 dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
+                                 dw.defined() ? dw.data_ptr<scalar_t>() : nullptr,
+                                 db.defined() ? db.data_ptr<scalar_t>() : nullptr));
         g[0] = dx;
         if (has_w) g[iw] = dw;
         if (has_b) g[ib] = db;
