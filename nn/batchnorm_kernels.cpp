@@ -137,7 +137,10 @@ class GradRows {
   const T* row(int64_t offset, int64_t s) {
     if (y_ == nullptr) return dy_ + offset;
     const T *g = dy_ + offset, *out = y_ + offset;
-    for (int64_t i = 0; i < s; ++i) buf_[i] = out[i] > T(0) ? g[i] : T(0);
+    for (int64_t i = 0; i < s; ++i) {
+      const T gi = g[i];  // loaded whatever the sign: a load under the condition stays scalar
+      buf_[i] = out[i] > T(0) ? gi : T(0);
+    }
     return buf_.data();
   }
 
