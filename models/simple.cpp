@@ -18,8 +18,8 @@ SmallCNN::SmallCNN(int64_t num_classes, int64_t in_channels, int64_t image_size)
 }
 
 Tensor SmallCNN::forward(const Tensor& x) {
-  Tensor h = F::max_pool2d(F::relu((*bn1)((*conv1)(x))), {2, 2});
-  h = F::max_pool2d(F::relu((*bn2)((*conv2)(h))), {2, 2});
+  Tensor h = F::max_pool2d(bn1->forward_relu((*conv1)(x)), {2, 2});
+  h = F::max_pool2d(bn2->forward_relu((*conv2)(h)), {2, 2});
   h = F::relu((*fc1)(ddplab::flatten(h, 1)));
   return (*fc2)(h);
 }

@@ -87,8 +87,10 @@ void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
   }
 }
 
-// y = (x - mean) * invstd * weight + bias, as y = x * scale + shift per channel.
-template <class T>
+// y = (x - mean) * invstd * weight + bias, as y = x * scale + shift per channel; with kRelu, also
+// y = max(y, 0) in the same pass (batch_norm_relu), the clamp written as ReluOp writes it so that
+// NaN stays NaN.
+template <class T, bool kRelu = false>
 void normalize(const T* x, const BnShape& d, const double* mean, const double* invstd,
                const T* weight, const T* bias, T* y) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
@@ -100,7 +102,14 @@ void normalize(const T* x, const BnShape& d, const double* mean, const double* i
     for (int64_t n = 0; n < d.n; ++n) {
       const T* p = x + (n * d.c + c) * d.s;
       T* q = y + (n * d.c + c) * d.s;
-      for (int64_t i = 0; i < d.s; ++i) q[i] = p[i] * sc + sh;
+      if constexpr (kRelu) {
+        for (int64_t i = 0; i < d.s; ++i) {
+          const T v = p[i] * sc + sh;
+          q[i] = v <= T(0) ? T(0) : v;
+        }
+      } else {
+        for (int64_t i = 0; i < d.s; ++i) q[i] = p[i] * sc + sh;
+      }
     }
   }
 }
@@ -113,15 +122,42 @@ void normalize(const T* x, const BnShape& d, const double* mean, const double* i
 //   eval:     dx = weight * invstd * dy (the running statistics are constants).
 // The two steps are separate functions because SyncBatchNorm all-reduces the sums between them.
 
+// The rows of the gradient that reaches batch norm's output. For batch_norm: dy itself. For
+// batch_norm_relu, whose backward folds relu's in: dy where the fused output y is > 0 and 0
+// elsewhere, exactly what relu_backward would have written into a tensor of its own. Here it is
+// written one row at a time into a buffer that stays in L1 cache: no full-size tensor, one pass
+// over memory fewer, and the sums below keep loops without a condition, which the compiler
+// vectorizes (with the condition inside, it does not).
+template <class T>
+class GradRows {
+ public:
+  // y: the fused output, or nullptr (no relu); s: the length of a row.
+  GradRows(const T* dy, const T* y, int64_t s) : dy_(dy), y_(y), buf_(y ? s : 0) {}
+  // The row that starts at `offset` (s values).
+  const T* row(int64_t offset, int64_t s) {
+    if (y_ == nullptr) return dy_ + offset;
+    const T *g = dy_ + offset, *out = y_ + offset;
+    for (int64_t i = 0; i < s; ++i) {
+      const T gi = g[i];  // loaded whatever the sign: a load under the condition stays scalar
+      buf_[i] = out[i] > T(0) ? gi : T(0);
+    }
+    return buf_.data();
+  }
+
+ private:
+  const T *dy_, *y_;
+  std::vector<T> buf_;
+};
+
 // sum(dy) and sum(dy * (x - mu)) over channel c.
 template <class T>
-void channel_grad_sums(const T* x, const T* dy, const BnShape& d, int64_t c, double mu,
+void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
                        double& sum_dy, double& sum_dy_xmu) {
   sum_dy = 0;
   sum_dy_xmu = 0;
   for (int64_t n = 0; n < d.n; ++n) {
-    const T* px = x + (n * d.c + c) * d.s;
-    const T* pg = dy + (n * d.c + c) * d.s;
+    const int64_t row = (n * d.c + c) * d.s;
+    const T *px = x + row, *pg = dy.row(row, d.s);
     sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
     sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
   }
@@ -133,27 +169,29 @@ void channel_grad_sums(const T* x, const T* dy, const BnShape& d, int64_t c, dou
 // each (~1e-7 of it) is then a large part of dx; over a few steps that moved DDP with
 // SyncBatchNorm away from single-process training by 5e-4 (tests/distributed, ddp_train_syncbn).
 template <class T>
-void channel_input_grad(const T* x, const T* dy, const BnShape& d, int64_t c, double mu, double is,
-                        double g, double sum_dy, double sum_dy_xmu, double count, T* dx) {
+void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
+                        double is, double g, double sum_dy, double sum_dy_xmu, double count,
+                        T* dx) {
   const double k = g * is;
   const double mean_dy = sum_dy / count;
   const double proj = sum_dy_xmu * is * is / count;
   for (int64_t n = 0; n < d.n; ++n) {
-    const T* px = x + (n * d.c + c) * d.s;
-    const T* pg = dy + (n * d.c + c) * d.s;
-    T* q = dx + (n * d.c + c) * d.s;
+    const int64_t row = (n * d.c + c) * d.s;
+    const T *px = x + row, *pg = dy.row(row, d.s);
+    T* q = dx + row;
     for (int64_t i = 0; i < d.s; ++i)
       q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
   }
 }
 
 // batch_norm's backward, one channel at a time (the channel's x and dy are still in cache when
-// dx is written).
+// dx is written). y: batch_norm_relu's output, whose sign masks dy, or nullptr for batch_norm.
 template <class T>
-void backward(const T* x, const T* dy, const BnShape& d, const double* mean, const double* invstd,
-              const T* weight, bool training, T* dx, T* dweight, T* dbias) {
+void backward(const T* x, const T* dy_in, const T* y, const BnShape& d, const double* mean,
+              const double* invstd, const T* weight, bool training, T* dx, T* dweight, T* dbias) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
+    GradRows<T> dy(dy_in, y, d.s);
     const double mu = mean[c], is = invstd[c];
     double sum_dy = 0, sum_dy_xmu = 0;
     channel_grad_sums(x, dy, d, c, mu, sum_dy, sum_dy_xmu);
@@ -167,8 +205,9 @@ void backward(const T* x, const T* dy, const BnShape& d, const double* mean, con
     } else {
       const T k = static_cast<T>(g * is);
       for (int64_t n = 0; n < d.n; ++n) {
-        const T* pg = dy + (n * d.c + c) * d.s;
-        T* q = dx + (n * d.c + c) * d.s;
+        const int64_t row = (n * d.c + c) * d.s;
+        const T* pg = dy.row(row, d.s);
+        T* q = dx + row;
         for (int64_t i = 0; i < d.s; ++i) q[i] = pg[i] * k;
       }
     }
@@ -180,7 +219,8 @@ template <class T>
 void grad_sums(const T* x, const T* dy, const BnShape& d, const double* mean, double* sums) {
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
-    channel_grad_sums(x, dy, d, c, mean[c], sums[c], sums[d.c + c]);
+    GradRows<T> rows(dy, nullptr, d.s);
+    channel_grad_sums(x, rows, d, c, mean[c], sums[c], sums[d.c + c]);
   }
 }
 
@@ -190,7 +230,8 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
-    channel_input_grad(x, dy, d, c, mean[c], invstd[c], g, sums[c], sums[d.c + c], count, dx);
+    GradRows<T> rows(dy, nullptr, d.s);
+    channel_input_grad(x, rows, d, c, mean[c], invstd[c], g, sums[c], sums[d.c + c], count, dx);
   }
 }
 
@@ -212,11 +253,11 @@ std::vector<double> to_doubles(const Tensor& t) {
   return t.to_vector<double>();
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight_in, const Tensor& bias_in, bool training, double momentum,
-                  double eps) {
+// batch_norm, and with fuse_relu batch_norm_relu: relu(batch_norm(...)) with the clamp in the
+// normalize pass and relu's backward folded into batch norm's (grad_out above).
+Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight_in, const Tensor& bias_in, bool training,
+                       double momentum, double eps, bool fuse_relu) {
   DDP_CHECK(x_in.defined(), "batch_norm: input is undefined");
   DDP_CHECK(x_in.dim() == 2 || x_in.dim() == 4 || x_in.dim() == 3,
             "batch_norm: expected input [N, C], [N, C, L] or [N, C, H, W], got shape "
@@ -249,8 +290,9 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 
 #if defined(DDP_CUDA)
   if (x_in.is_cuda()) {
-    return cudnn::batch_norm(x_in, running_mean, running_var, weight_in, bias_in, weight, bias,
-                             training, use_batch_stats, momentum, eps);
+    Tensor y = cudnn::batch_norm(x_in, running_mean, running_var, weight_in, bias_in, weight, bias,
+                                 training, use_batch_stats, momentum, eps);
+    return fuse_relu ? relu(y) : y;  // cuDNN's own fused mode is not wired up: two kernels
   }
 #endif
 
@@ -280,11 +322,17 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   }
 
   Tensor y = ops::empty(x.shape(), x.options());
-  DDP_NN_DISPATCH(
-      x.dtype(), "batch_norm",
-      normalize(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(),
-                weight.defined() ? weight.data_ptr<scalar_t>() : nullptr,
-                bias.defined() ? bias.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>()));
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm", {
+    const scalar_t* w = weight.defined() ? weight.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* b = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+    if (fuse_relu) {
+      normalize<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
+                                y.data_ptr<scalar_t>());
+    } else {
+      normalize(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
+                y.data_ptr<scalar_t>());
+    }
+  });
 
   std::vector<Tensor> inputs{x_in};
   if (weight.defined()) inputs.push_back(weight_in);
@@ -295,10 +343,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   const bool has_w = weight.defined(), has_b = bias.defined();
   autograd::Saved saved{x, stats, stats_invstd};
   if (has_w) saved.push_back(weight);
+  // The fused op's mask is its own output's sign (as relu's backward, which saves its output).
+  const size_t iy = saved.size();
+  if (fuse_relu) saved.push_back(y);
   return autograd::record(
-      "NativeBatchNormBackward", y, inputs, std::move(saved),
-      [d, use_batch_stats, has_w, has_b](const Tensor& grad, const autograd::Saved& s,
-                                         const autograd::Needs& needs) {
+      fuse_relu ? "NativeBatchNormReluBackward" : "NativeBatchNormBackward", y, inputs,
+      std::move(saved),
+      [d, use_batch_stats, has_w, has_b, fuse_relu, iy](
+          const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
         Tensor dy = ops::contiguous(grad);
         autograd::Grads g(needs.size());
@@ -309,7 +361,8 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
         const double* mean = s[1].data_ptr<double>();
         const double* invstd = s[2].data_ptr<double>();
         DDP_NN_DISPATCH(x.dtype(), "batch_norm backward",
-                        backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, mean, invstd,
+                        backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                 fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
                                  has_w ? s[3].data_ptr<scalar_t>() : nullptr, use_batch_stats,
                                  dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
                                  dw.defined() ? dw.data_ptr<scalar_t>() : nullptr,
@@ -319,6 +372,22 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
         if (has_b) g[ib] = db;
         return g;
       });
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                         /*fuse_relu=*/false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                       double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                         /*fuse_relu=*/true);
 }
 
 // --- the steps, for SyncBatchNorm (nn/batchnorm_kernels.h) --------------------------------------

@@ -5,8 +5,11 @@
 #include "nn/functional.h"
 
 #include "autograd/function_node.h"
+#include "autograd/functions.h"
 #include "nn/autocast.h"
+#include "nn/functional_util.h"
 #include "tensor/ops.h"
+#include "tensor/threads.h"
 
 namespace ddplab::nn::functional {
 
@@ -85,6 +88,42 @@ Tensor relu(const Tensor& x) {
   return autograd::record("ReluBackward", y, {x}, {y},
                           [](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
                             return autograd::Grads{ops::relu_backward(grad, s[0])};
+                          });
+}
+
+namespace {
+
+// y = relu(a + b), the sum rounded to T first exactly as ops::add rounds it, then clamped as
+// ops::relu clamps (NaN stays NaN).
+template <class T>
+void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = a[i] + b[i];
+    y[i] = v <= T(0) ? T(0) : v;
+  }
+}
+
+}  // namespace
+
+Tensor add_relu(const Tensor& a, const Tensor& b) {
+  DDP_CHECK(a.defined() && b.defined(), "add_relu: both inputs must be defined");
+  const bool fusable = a.shape() == b.shape() && a.dtype() == b.dtype() &&
+                       a.device() == b.device() && !a.is_cuda() &&
+                       (a.dtype() == kFloat32 || a.dtype() == kFloat64);
+  if (!fusable)
+    return functional::relu(a + b);  // broadcasting, promotion, other devices: the two ops
+  Tensor ac = ops::contiguous(a), bc = ops::contiguous(b);
+  Tensor y = ops::empty(a.shape(), a.options());
+  DDP_NN_DISPATCH(a.dtype(), "add_relu",
+                  add_relu_kernel(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+                                  y.data_ptr<scalar_t>(), a.numel()));
+  if (!autograd::needs_grad({a, b})) return y;
+  // d(a + b)/da = d(a + b)/db = 1: both inputs get relu's masked gradient, one tensor for both.
+  return autograd::record("AddReluBackward", y, {a, b}, {y},
+                          [](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
+                            Tensor g = ops::relu_backward(grad, s[0]);
+                            return autograd::Grads{g, g};
                           });
 }
 

@@ -35,11 +35,21 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
 
+// relu(batch_norm(...)) in one pass over memory forward and one backward (relu's mask folded into
+// batch norm's backward): the same numbers as the two calls, bit for bit. The pair that follows
+// nearly every convolution in a ResNet.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training,
+                       double momentum = 0.1, double eps = 1e-5);
+
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0});
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0});
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
 
 Tensor relu(const Tensor& x);
+// relu(a + b) in one pass (a residual connection's end), bit for bit the two calls. a and b of
+// one shape; other cases (broadcasting, mixed dtypes) take the two calls.
+Tensor add_relu(const Tensor& a, const Tensor& b);
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <typeinfo>
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -154,6 +155,16 @@ void BatchNorm2d::reset_parameters() {
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  return forward_impl(x, /*fuse_relu=*/false);
+}
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x) {
+  // typeid, not a virtual: whatever a subclass changes in forward, relu after it is still right.
+  if (typeid(*this) != typeid(BatchNorm2d)) return functional::relu(forward(x));
+  return forward_impl(x, /*fuse_relu=*/true);
+}
+
+Tensor BatchNorm2d::forward_impl(const Tensor& x, bool fuse_relu) {
   DDP_CHECK(x.dim() == 4 && x.size(1) == num_features,
             "BatchNorm2d(" << num_features << "): expected input [N, " << num_features
                            << ", H, W], got " << shape_str(x.shape()));
@@ -163,8 +174,8 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     autograd::NoGradGuard no_grad;
     ops::add_(num_batches_tracked, 1.0);
   }
-  return functional::batch_norm(x, running_mean, running_var, weight, bias, use_batch_stats,
-                                momentum, eps);
+  const auto op = fuse_relu ? functional::batch_norm_relu : functional::batch_norm;
+  return op(x, running_mean, running_var, weight, bias, use_batch_stats, momentum, eps);
 }
 
 std::string BatchNorm2d::extra_repr() const {

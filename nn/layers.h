@@ -70,6 +70,9 @@ class BatchNorm2d : public Module {
   struct ShareState {};
   BatchNorm2d(const BatchNorm2d& other, ShareState);
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)), as one fused op (functional::batch_norm_relu) where this is a plain
+  // BatchNorm2d; a subclass with its own forward (SyncBatchNorm) gets the two calls.
+  Tensor forward_relu(const Tensor& x);
   std::string type_name() const override { return "BatchNorm2d"; }
   std::string extra_repr() const override;
   void reset_running_stats();
@@ -80,6 +83,9 @@ class BatchNorm2d : public Module {
   bool affine, track_running_stats;
   Tensor weight, bias;                                    // parameters (affine)
   Tensor running_mean, running_var, num_batches_tracked;  // buffers (track_running_stats)
+
+ private:
+  Tensor forward_impl(const Tensor& x, bool fuse_relu);
 };
 
 class ReLU : public Module {

@@ -3,8 +3,44 @@
 
 #include "autograd/node.h"
 #include "tensor/ops.h"
+#include "tensor/threads.h"
 
 namespace ddplab::optim {
+
+namespace {
+
+struct SGDScalars {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+
+// A later step with a momentum buffer, in one pass over p, its gradient and the buffer: the
+// op-by-op path in SGD::step takes three passes and a temporary. Each line is one of its ops, in
+// T as the ops compute float32 and float64, so both paths give the same bits.
+template <class T>
+void momentum_step(T* p, const T* grad, T* buf, int64_t n, const SGDScalars& o) {
+  const T lr = static_cast<T>(-o.lr), wd = static_cast<T>(o.weight_decay);
+  const T m = static_cast<T>(o.momentum), keep = static_cast<T>(1 - o.dampening);
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    T d = o.weight_decay != 0 ? grad[i] + wd * p[i] : grad[i];  // ops::add(grad, p, wd)
+    const T b = buf[i] * m + d * keep;                          // ops::axpby_(buf, m, d, keep)
+    buf[i] = b;
+    d = o.nesterov ? d + m * b : b;  // ops::add(d, buf, m)
+    p[i] = p[i] + lr * d;            // ops::add_(p, d, -lr)
+  }
+}
+
+// Whether momentum_step can run on these tensors (else the op-by-op path does).
+bool fusable(const Tensor& p, const Tensor& grad, const Tensor& buf) {
+  const bool same = grad.dtype() == p.dtype() && buf.dtype() == p.dtype() &&
+                    grad.shape() == p.shape() && buf.shape() == p.shape();
+  return same && !p.is_cuda() && !grad.is_cuda() && !buf.is_cuda() &&
+         (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() &&
+         grad.is_contiguous() && buf.is_contiguous();
+}
+
+}  // namespace
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
     : Optimizer(std::move(groups), {{"lr", o.lr},
@@ -27,10 +63,22 @@ void SGD::step() {
     const double dampening = g.get("dampening");
     const bool nesterov = g.get("nesterov") != 0;
     Tensor d_p = p.grad();
+    auto& st = state_[idx];
+    auto it = st.find("momentum_buffer");
+    if (momentum != 0 && it != st.end() && fusable(p, d_p, it->second)) {
+      const SGDScalars o{lr, momentum, dampening, wd, nesterov};
+      if (p.dtype() == kFloat32) {
+        momentum_step(p.data_ptr<float>(), d_p.data_ptr<float>(), it->second.data_ptr<float>(),
+                      p.numel(), o);
+      } else {
+        momentum_step(p.data_ptr<double>(), d_p.data_ptr<double>(), it->second.data_ptr<double>(),
+                      p.numel(), o);
+      }
+      ++steps_[idx];
+      return;
+    }
     if (wd != 0) d_p = ops::add(d_p, p, wd);  // a new tensor: .grad itself is left untouched
     if (momentum != 0) {
-      auto& st = state_[idx];
-      auto it = st.find("momentum_buffer");
       Tensor buf;
       if (it == st.end()) {
         buf = ops::clone(d_p);

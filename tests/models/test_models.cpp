@@ -8,8 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "autograd/engine.h"
+#include "autograd/functions.h"
 #include "autograd/node.h"
 #include "models/models.h"
+#include "models/resnet.h"
+#include "models/simple.h"
+#include "nn/functional.h"
 #include "nn/module.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -228,5 +233,68 @@ TEST_CASE("every model's forward uses children swapped in by replace_module") {
     REQUIRE(!counters.empty());
     model->forward(ops::randn(gray ? Shape{2, 1, 28, 28} : Shape{2, 3, 8, 8}));
     for (const auto& calls : counters) CHECK(calls() == 1);
+  }
+}
+
+namespace {
+
+// The models' forward written with separate relu calls, as before batch_norm_relu and add_relu:
+// the reference the fused forward must equal.
+Tensor unfused_block(models::BasicBlock& b, const Tensor& x) {
+  Tensor out = F::relu((*b.bn1)((*b.conv1)(x)));
+  out = (*b.bn2)((*b.conv2)(out));
+  Tensor identity = b.downsample ? (*b.downsample)(x) : x;
+  return F::relu(out + identity);
+}
+
+Tensor unfused_forward(nn::Module& m, const Tensor& x) {
+  if (auto* r = dynamic_cast<models::ResNet*>(&m)) {
+    Tensor out = F::relu((*r->bn1)((*r->conv1)(x)));
+    for (auto& layer : r->layers) {
+      for (size_t i = 0; i < layer->size(); ++i) {
+        auto* b = dynamic_cast<models::BasicBlock*>((*layer)[i].get());
+        REQUIRE(b != nullptr);
+        out = unfused_block(*b, out);
+      }
+    }
+    return (*r->fc)(ddplab::flatten((*r->avgpool)(out), 1));
+  }
+  auto& c = dynamic_cast<models::SmallCNN&>(m);
+  Tensor h = F::max_pool2d(F::relu((*c.bn1)((*c.conv1)(x))), {2, 2});
+  h = F::max_pool2d(F::relu((*c.bn2)((*c.conv2)(h))), {2, 2});
+  h = F::relu((*c.fc1)(ddplab::flatten(h, 1)));
+  return (*c.fc2)(h);
+}
+
+}  // namespace
+
+TEST_CASE("the fused forward (batch_norm_relu, add_relu) equals the unfused one bit for bit") {
+  for (const std::string name : {"resnet20", "cnn"}) {
+    CAPTURE(name);
+    const bool gray = name == "cnn";
+    Generator g(7);
+    Tensor x = ops::randn(gray ? Shape{3, 1, 28, 28} : Shape{3, 3, 8, 8}, kFloat32, &g);
+    // [0]: the model's forward, [1]: the reference; twin models from one seed.
+    std::vector<Tensor> out(2);
+    std::vector<std::vector<std::pair<std::string, Tensor>>> params(2), buffers(2);
+    for (int k = 0; k < 2; ++k) {
+      manual_seed(11);
+      auto model = models::create(name, 10, gray ? 1 : 3);
+      out[k] = k == 0 ? model->forward(x) : unfused_forward(*model, x);
+      autograd::backward({ddplab::sum(ddplab::square(out[k]))});
+      params[k] = model->named_parameters();
+      buffers[k] = model->named_buffers();
+    }
+    CHECK(out[0].to_vector<float>() == out[1].to_vector<float>());
+    for (size_t i = 0; i < params[0].size(); ++i) {
+      CAPTURE(params[0][i].first);
+      CHECK(params[0][i].second.grad().to_vector<float>() ==
+            params[1][i].second.grad().to_vector<float>());
+    }
+    for (size_t i = 0; i < buffers[0].size(); ++i) {
+      CAPTURE(buffers[0][i].first);
+      CHECK(ops::allclose(ops::to(buffers[0][i].second, kFloat64),
+                          ops::to(buffers[1][i].second, kFloat64), 0, 0));
+    }
   }
 }

@@ -225,6 +225,71 @@ TEST_CASE("batch_norm: running statistics update like PyTorch (momentum, unbiase
   CHECK(e.find("[2, 2, 2, 2]") != std::string::npos);
 }
 
+TEST_CASE("batch_norm_relu, add_relu: gradcheck in float64 (training and eval)") {
+  // Shifted so that the relu clamps a good part of the values (and none sits on the kink).
+  Tensor x = randn64({3, 2, 3, 2}, 41);
+  Tensor w = randn64({2}, 42);
+  Tensor b = ops::add(randn64({2}, 43, false), 0.3);
+  b.set_requires_grad(true);
+  check_grad(
+      [](const std::vector<Tensor>& v) {
+        return F::batch_norm_relu(v[0], Tensor(), Tensor(), v[1], v[2], true, 0.1, 1e-5);
+      },
+      {x, w, b});
+  Tensor rm = ops::from_vector(std::vector<double>{0.1, -0.2}, {2}, kFloat64);
+  Tensor rv = ops::from_vector(std::vector<double>{1.5, 0.5}, {2}, kFloat64);
+  check_grad(
+      [&](const std::vector<Tensor>& v) {
+        return F::batch_norm_relu(v[0], rm, rv, v[1], v[2], false);
+      },
+      {x, w, b});
+  check_grad([](const std::vector<Tensor>& v) { return F::add_relu(v[0], v[1]); },
+             {randn64({2, 3, 2, 2}, 44), randn64({2, 3, 2, 2}, 45)});
+  // Broadcasting takes the unfused path, with the same gradients.
+  check_grad([](const std::vector<Tensor>& v) { return F::add_relu(v[0], v[1]); },
+             {randn64({2, 3}, 46), randn64({3}, 47)});
+}
+
+TEST_CASE("batch_norm_relu, add_relu: bit for bit relu(batch_norm) and relu(a + b) in float32") {
+  Generator g(48);
+  const Shape s{4, 3, 5, 5};
+  Tensor x = ops::randn(s, kFloat32, &g), w = ops::randn({3}, kFloat32, &g);
+  Tensor b = ops::randn({3}, kFloat32, &g), dy = ops::randn(s, kFloat32, &g);
+  // [0]: fused, [1]: the two ops; each with its own leaves and running statistics.
+  for (bool training : {true, false}) {
+    CAPTURE(training);
+    std::vector<Tensor> y(2), dx(2), dw(2), db(2), rm(2), rv(2);
+    for (int k = 0; k < 2; ++k) {
+      Tensor xl = ops::clone(x), wl = ops::clone(w), bl = ops::clone(b);
+      for (Tensor* t : {&xl, &wl, &bl}) t->set_requires_grad(true);
+      rm[k] = ops::full({3}, 0.5);
+      rv[k] = ops::full({3}, 2.0);
+      y[k] = k == 0 ? F::batch_norm_relu(xl, rm[k], rv[k], wl, bl, training)
+                    : F::relu(F::batch_norm(xl, rm[k], rv[k], wl, bl, training));
+      autograd::backward({y[k]}, {dy});
+      dx[k] = xl.grad();
+      dw[k] = wl.grad();
+      db[k] = bl.grad();
+    }
+    for (auto* v : {&y, &dx, &dw, &db, &rm, &rv}) {
+      CHECK((*v)[0].to_vector<float>() == (*v)[1].to_vector<float>());
+    }
+    CHECK(ops::amin(y[0]).item<float>() == 0.0f);  // the clamp did something
+  }
+  Tensor a = ops::randn(s, kFloat32, &g), c = ops::randn(s, kFloat32, &g);
+  std::vector<Tensor> z(2), da(2), dc(2);
+  for (int k = 0; k < 2; ++k) {
+    Tensor al = ops::clone(a), cl = ops::clone(c);
+    al.set_requires_grad(true);
+    cl.set_requires_grad(true);
+    z[k] = k == 0 ? F::add_relu(al, cl) : F::relu(al + cl);
+    autograd::backward({z[k]}, {dy});
+    da[k] = al.grad();
+    dc[k] = cl.grad();
+  }
+  for (auto* v : {&z, &da, &dc}) CHECK((*v)[0].to_vector<float>() == (*v)[1].to_vector<float>());
+}
+
 TEST_CASE("max_pool2d: gradcheck, and ties send the gradient to the first maximum") {
   check_grad(
       [](const std::vector<Tensor>& v) {

@@ -33,6 +33,35 @@ TEST_CASE("SGD: momentum and weight decay by hand") {
   CHECK(opt.step_count(0) == 2);
 }
 
+TEST_CASE("SGD: the one-pass momentum step equals the op-by-op one bit for bit") {
+  // p1's contiguous gradient takes the one-pass kernel; p2's transposed (non-contiguous) copy of
+  // the same gradient takes the op-by-op path.
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (bool nesterov : {false, true}) {
+      CAPTURE(nesterov);
+      Generator gen(9);
+      Tensor p1 = ops::randn({4, 3}, dt, &gen);
+      Tensor p2 = ops::clone(p1);
+      p1.set_requires_grad(true);
+      p2.set_requires_grad(true);
+      const optim::SGDOptions o{0.1, 0.9, nesterov ? 0.0 : 0.25, 0.01, nesterov};
+      optim::SGD o1(std::vector<Tensor>{p1}, o), o2(std::vector<Tensor>{p2}, o);
+      for (int step = 0; step < 3; ++step) {
+        Tensor g = ops::randn({3, 4}, dt, &gen);
+        p1.set_grad(ops::contiguous(ops::transpose(g, 0, 1)));
+        p2.set_grad(ops::transpose(g, 0, 1));
+        REQUIRE(!p2.grad().is_contiguous());
+        o1.step();
+        o2.step();
+      }
+      CHECK(ops::allclose(p1, p2, 0, 0));
+      CHECK(ops::allclose(o1.state(0).at("momentum_buffer"), o2.state(0).at("momentum_buffer"), 0,
+                          0));
+      CHECK(o1.step_count(0) == 3);
+    }
+  }
+}
+
 TEST_CASE("Optimizer: parameters without a gradient are skipped; zero_grad") {
   Tensor a = ops::ones({2}), b = ops::ones({2});
   a.set_requires_grad(true);
