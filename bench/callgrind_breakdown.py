@@ -29,10 +29,14 @@ from collections import defaultdict
 KINDS = [
     ("conv forward (oneDNN, with its reorders)", r"^ddplab::nn::onednn::conv2d_forward\("),
     ("conv backward data + weights (with reorders)", r"^ddplab::nn::onednn::conv2d_backward"),
-    ("batch norm backward", r"^ddplab::nn::functional::batch_norm\(.*lambda"),
-    ("batch norm forward", r"^ddplab::nn::functional::batch_norm\("),
+    # batch_norm and batch_norm_relu both run batch_norm_impl (ReLU fused into the normalise).
+    ("batch norm (+relu) backward",
+     r"^ddplab::nn::functional::(\(anonymous namespace\)::batch_norm_impl|batch_norm)\(.*lambda"),
+    ("batch norm (+relu) forward",
+     r"^ddplab::nn::functional::(\(anonymous namespace\)::batch_norm_impl|batch_norm)\("),
     ("relu forward", r"^ddplab::ops::relu\("),
-    ("relu backward", r"^ddplab::ops::relu_backward\("),
+    ("relu backward (+ add_relu backward)", r"^ddplab::ops::relu_backward\("),
+    ("add_relu forward", r"^ddplab::nn::functional::add_relu\("),
     ("add (residual, gradient accumulation)", r"^ddplab::ops::add\("),
     ("pooling", r"pool"),
     ("linear + cross_entropy", r"^ddplab::nn::functional::(linear|cross_entropy)\("),
