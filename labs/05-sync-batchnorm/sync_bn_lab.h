@@ -82,6 +82,7 @@ class SyncBatchNorm : public ddplab::nn::BatchNorm2d {
 
 // Replaces every BatchNorm2d in `module`'s tree by your SyncBatchNorm on `pg` (in place, as
 // nn::convert_sync_batchnorm does with the library's). Returns how many it replaced.
-int convert_sync_batchnorm(const ddplab::nn::ModulePtr& module, std::shared_ptr<ProcessGroup> pg);
+int convert_sync_batchnorm(const ddplab::nn::ModulePtr& module,
+                           const std::shared_ptr<ProcessGroup>& pg);
 
 }  // namespace lab5

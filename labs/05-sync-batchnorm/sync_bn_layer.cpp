@@ -94,7 +94,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
                                process_group);
 }
 
-int convert_sync_batchnorm(const nn::ModulePtr& module, std::shared_ptr<ProcessGroup> pg) {
+int convert_sync_batchnorm(const nn::ModulePtr& module, const std::shared_ptr<ProcessGroup>& pg) {
   int replaced = 0;
   // A copy of the list: replace_module rewrites entries of the original.
   const auto children = module->named_children();

@@ -108,7 +108,7 @@ RunResult train(const std::shared_ptr<distributed::ProcessGroup>& pg, const Tens
     if (talk)
       std::printf("%5d %12g %12.4e %6lld/%-3lld %10lld %9lld %8s\n", step, scale, result.loss,
                   static_cast<long long>(state->seen.underflow),
-                  static_cast<long long>(kFeatures + 1),
+                  static_cast<long long>(kFeatures) + 1,
                   static_cast<long long>(state->seen.subnormal),
                   static_cast<long long>(state->seen.overflow), stepped ? "yes" : "SKIPPED");
   }

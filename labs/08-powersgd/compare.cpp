@@ -176,7 +176,7 @@ void print_layers(const Options& o) {
         p.dim() >= 2 ? std::to_string(p.size(0)) + " x " + std::to_string(p.numel() / p.size(0))
                      : std::to_string(p.numel());
     std::printf("%-12s %12s %12lld", name.c_str(), shape.c_str(),
-                static_cast<long long>(p.numel() * 4));
+                static_cast<long long>(p.numel()) * 4);
     totals[0] += p.numel() * 4;
     for (size_t i = 0; i < o.ranks.size(); ++i) {
       const int64_t k = lab8::compression_rank(p, o.ranks[i], 2);

@@ -56,6 +56,7 @@ void allreduce_gradients_bucketed(const std::vector<Tensor>& params, ProcessGrou
                                   size_t cap_bytes) {
   const std::vector<Tensor> ps = trainable(params);
   std::vector<size_t> nbytes;
+  nbytes.reserve(ps.size());
   for (const Tensor& p : ps) nbytes.push_back(p.nbytes());
   const std::vector<std::vector<size_t>> buckets = assign_buckets(nbytes, cap_bytes);
 
@@ -65,6 +66,7 @@ void allreduce_gradients_bucketed(const std::vector<Tensor>& params, ProcessGrou
   std::vector<std::shared_ptr<distributed::Work>> work;
   for (const auto& bucket : buckets) {
     std::vector<Tensor> grads;
+    grads.reserve(bucket.size());
     for (size_t i : bucket) grads.push_back(ops::reshape(ps[i].grad(), {-1}));
     flat.push_back(ops::cat(grads));  // a new contiguous buffer, the grads back to back
     ops::mul_(flat.back(), 1.0 / pg.size());

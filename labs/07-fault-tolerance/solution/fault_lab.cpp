@@ -44,7 +44,7 @@ void write_atomically(const std::string& path, const std::string& bytes) {
 }
 
 std::string save(const std::string& dir, Run& run, distributed::ProcessGroup* pg) {
-  const std::string path = checkpoint_path(dir, run.step);
+  std::string path = checkpoint_path(dir, run.step);
   // Every rank holds the same weights and optimizer state after a DDP step, so one copy is the
   // whole checkpoint; two ranks writing one file would race.
   if (is_main_rank(pg)) write_atomically(path, encode_checkpoint(capture(run)));
