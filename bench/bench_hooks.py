@@ -21,23 +21,7 @@ import statistics
 import subprocess
 import sys
 
-# Vector extensions that decide how fast the math (and the 16-bit casts) run.
-ISA_FLAGS = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"]
-
-
-def cpu_description():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        return "unknown (lscpu failed: %s)" % e
-    fields = {}
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    flags = set(fields.get("Flags", "").split())
-    isa = " ".join(f for f in ISA_FLAGS if f in flags) or "none of " + " ".join(ISA_FLAGS)
-    return "%s; %s CPUs; ISA: %s" % (fields.get("Model name", "unknown model"),
-                                     fields.get("CPU(s)", "?"), isa)
+from machine import cpu_info
 
 
 def run_once(args, model, hook):
@@ -114,7 +98,7 @@ def main():
         if not os.access(exe, os.X_OK):
             p.error("%s not found: build it first (ninja -C %s)" % (exe, args.build))
 
-    print("CPU:", cpu_description())
+    print(cpu_info())
     for model in args.models:
         runs = {h: [] for h in args.hooks}
         for r in range(args.rounds):

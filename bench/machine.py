@@ -13,8 +13,8 @@ import time
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 # The CPU features that decide which kernels oneDNN picks (float32 GEMM width, bfloat16 dot
-# products, AMX tiles).
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+# products, AMX tiles), and how fast the communication hooks' 16-bit casts run.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
 
 
 # What ddprun gives its workers unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT
