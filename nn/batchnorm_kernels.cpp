@@ -254,7 +254,7 @@ std::vector<double> to_doubles(const Tensor& t) {
 }
 
 // batch_norm, and with fuse_relu batch_norm_relu: relu(batch_norm(...)) with the clamp in the
-// normalize pass and relu's backward folded into batch norm's (grad_out above).
+// normalize pass and relu's backward folded into batch norm's (GradRows above).
 Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight_in, const Tensor& bias_in, bool training,
                        double momentum, double eps, bool fuse_relu) {
