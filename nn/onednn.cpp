@@ -10,11 +10,15 @@
 // float32: the reorder into the blocked layout converts them on the way (a reorder converts
 // types as it moves data), and outputs are float32, so they need no conversion back.
 //
+// Algorithm: direct, or Winograd's minimal filtering where it pays (Note [Winograd] below).
+//
 // Threads: Debian's oneDNN is built with OpenMP, so it runs on the same pool as every other CPU
 // kernel of ddplab (tensor/threads.h).
 #include "nn/onednn.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -114,9 +118,75 @@ memory::format_tag activation_tag() {
   return plain ? tag::nchw : tag::any;
 }
 
+// Note [Winograd]
+// A direct 3x3 convolution spends 9 multiply-adds per output pixel per (input, output) channel
+// pair. Winograd's minimal filtering F(4x4, 3x3) computes a 4x4 tile of outputs from a 6x6 tile
+// of inputs with 36 products per channel pair instead of 16 * 9 = 144: the input tile and the
+// filter are first transformed into a 6x6 "Winograd domain" (fixed small matrices: B^T d B and
+// G g G^T), multiplied there element by element - which, summed over the input channels, is 36
+// independent matrix products [tiles x C] x [C x K] - and the 6x6 result is transformed back to
+// the 4x4 tile (A^T m A). Backward data is the same with the filter flipped, and backward
+// weights transforms the input and the output gradient instead. oneDNN has all three for float32
+// on AVX-512 (`jit_wino_4x3`), none for bfloat16.
+//
+// The products shrink 4x, but the transforms are extra passes over memory, once per channel
+// rather than per channel pair, so they pay only when there are enough channels on the other
+// side to share them. Measured on resnet20's shapes at batch 128 (2 threads, AVX-512; the table
+// is in docs/benchmarks.md): with 32 and 64 channels Winograd takes 0.5-0.9x the direct time in
+// all three passes; with 16 channels it is up to 1.3x slower, and with the 3-channel stem 5x
+// slower. Hence the rule: Winograd for 3x3, stride 1, undilated, ungrouped float32 convolutions
+// with at least 32 channels in and out; direct for the rest. A fixed rule, not a per-process
+// timing contest, so every run (and every DDP rank) computes with the same algorithm and a seeded
+// run stays bitwise reproducible.
+//
+// The price is rounding: the transforms' constants (up to 8 and 1/4) amplify float32 rounding,
+// so outputs differ from a direct convolution's by a few 1e-7 relative (2-3x the direct error
+// against float64 in the resnet20 parity test, far inside its bound). ConvAlgorithm::Direct
+// turns it off, e.g. to compare against PyTorch, which always runs direct convolutions on CPUs.
+constexpr int64_t kWinogradMinChannels = 32;
+
+ConvAlgorithm initial_algorithm() {
+  const char* v = std::getenv("DDPLAB_CONV_ALGO");
+  if (v == nullptr || std::strcmp(v, "auto") == 0) return ConvAlgorithm::Auto;
+  if (std::strcmp(v, "direct") == 0) return ConvAlgorithm::Direct;
+  DDP_FAIL("DDPLAB_CONV_ALGO=" << v << " is not an algorithm: use auto or direct");
+}
+
+std::atomic<ConvAlgorithm>& algorithm_setting() {
+  static std::atomic<ConvAlgorithm> a(initial_algorithm());
+  return a;
+}
+
+bool winograd_pays(const Conv2dParams& p, Precision prec) {
+  return algorithm_setting().load() == ConvAlgorithm::Auto && prec == Precision::Float32 &&
+         p.kh == 3 && p.kw == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dil_h == 1 &&
+         p.dil_w == 1 && p.groups == 1 && p.c >= kWinogradMinChannels &&
+         p.o >= kWinogradMinChannels;
+}
+
+// Builds a primitive descriptor with Winograd's algorithm when asked and oneDNN has a kernel for
+// it (it may not, e.g. on a CPU without AVX-512), else with the direct one; `*got` (if given)
+// says which.
+template <class Make>
+auto with_algorithm(bool winograd, Make make, bool* got = nullptr)
+    -> decltype(make(dnnl::algorithm::convolution_direct)) {
+  if (got != nullptr) *got = false;
+  if (winograd) {
+    try {
+      auto pd = make(dnnl::algorithm::convolution_winograd);
+      if (got != nullptr) *got = true;
+      return pd;
+    } catch (const dnnl::error&) {  // unimplemented here: fall through to direct
+    }
+  }
+  return make(dnnl::algorithm::convolution_direct);
+}
+
 struct ConvPrimitives {
   Conv2dParams p;
-  dt operand;  // what the products read: x, w and gy as the kernels see them
+  dt operand;                 // what the products read: x, w and gy as the kernels see them
+  bool winograd;              // asked for (winograd_pays)
+  bool fwd_winograd = false;  // what forward got
   memory::dims strides, dilates, pad_l, pad_r;
   memory::desc x_plain, w_plain, b_plain, y_plain;
 
@@ -131,7 +201,9 @@ struct ConvPrimitives {
   Arg bw_x, bw_gy, bw_gw;
 
   ConvPrimitives(const Conv2dParams& params, Precision prec)
-      : p(params), operand(prec == Precision::BFloat16 ? dt::bf16 : dt::f32) {
+      : p(params),
+        operand(prec == Precision::BFloat16 ? dt::bf16 : dt::f32),
+        winograd(winograd_pays(params, prec)) {
     const int64_t oh = p.out_h(), ow = p.out_w();
     strides = {p.stride_h, p.stride_w};
     dilates = {p.dil_h - 1, p.dil_w - 1};  // oneDNN counts the gaps: 0 means dense
@@ -154,10 +226,14 @@ struct ConvPrimitives {
     memory::desc y_any({p.n, p.o, oh, ow}, dt::f32, activation_tag());
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     memory::desc b_md = p.has_bias ? b_plain : memory::desc();
-    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training,
-                                      dnnl::algorithm::convolution_direct, x_any, w_any, b_md,
-                                      y_any, strides, dilates, pad_l, pad_r);
-    fwd_pd = dnnl::convolution_forward::primitive_desc(d, engine());
+    fwd_pd = with_algorithm(
+        winograd,
+        [&](dnnl::algorithm a) {
+          dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, a, x_any, w_any,
+                                            b_md, y_any, strides, dilates, pad_l, pad_r);
+          return dnnl::convolution_forward::primitive_desc(d, engine());
+        },
+        &fwd_winograd);
     fwd = dnnl::convolution_forward(fwd_pd);
     fwd_x = Arg(x_plain, fwd_pd.src_desc(), true);
     fwd_w = Arg(w_plain, fwd_pd.weights_desc(), true);
@@ -168,9 +244,11 @@ struct ConvPrimitives {
     memory::desc gx_any(x_plain.dims(), dt::f32, activation_tag());
     memory::desc gy_any(y_plain.dims(), operand, activation_tag());
     memory::desc w_any(w_plain.dims(), operand, tag::any);
-    dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, gx_any, w_any,
-                                            gy_any, strides, dilates, pad_l, pad_r);
-    dnnl::convolution_backward_data::primitive_desc pd(d, engine(), fwd_pd);
+    auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
+      dnnl::convolution_backward_data::desc d(a, gx_any, w_any, gy_any, strides, dilates, pad_l,
+                                              pad_r);
+      return dnnl::convolution_backward_data::primitive_desc(d, engine(), fwd_pd);
+    });
     bwd_data = dnnl::convolution_backward_data(pd);
     bd_gy = Arg(y_plain, pd.diff_dst_desc(), true);
     bd_w = Arg(w_plain, pd.weights_desc(), true);
@@ -182,9 +260,11 @@ struct ConvPrimitives {
     memory::desc gy_any(y_plain.dims(), operand, activation_tag());
     memory::desc gw_any(w_plain.dims(), dt::f32, tag::any);
     memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
-    dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, x_any, gw_any,
-                                               gb_md, gy_any, strides, dilates, pad_l, pad_r);
-    dnnl::convolution_backward_weights::primitive_desc pd(d, engine(), fwd_pd);
+    auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
+      dnnl::convolution_backward_weights::desc d(a, x_any, gw_any, gb_md, gy_any, strides, dilates,
+                                                 pad_l, pad_r);
+      return dnnl::convolution_backward_weights::primitive_desc(d, engine(), fwd_pd);
+    });
     bwd_weights = dnnl::convolution_backward_weights(pd);
     bw_x = Arg(x_plain, pd.src_desc(), true);
     bw_gy = Arg(y_plain, pd.diff_dst_desc(), true);
@@ -192,16 +272,24 @@ struct ConvPrimitives {
   }
 };
 
-// The cache key: a convolution and the precision it runs in.
-using Key = std::pair<Conv2dParams, Precision>;
+// The cache key: a convolution, the precision it runs in and whether it runs Winograd's
+// algorithm (set_conv_algorithm can change that between calls).
+struct Key {
+  Conv2dParams p;
+  Precision prec;
+  bool winograd;
+  bool operator==(const Key& k) const {
+    return p == k.p && prec == k.prec && winograd == k.winograd;
+  }
+};
 
 struct KeyHash {
   size_t operator()(const Key& key) const {
-    const Conv2dParams& p = key.first;
+    const Conv2dParams& p = key.p;
     const int64_t v[] = {p.n,     p.c,     p.h,        p.w,        p.o,
                          p.kh,    p.kw,    p.stride_h, p.stride_w, p.pad_h,
                          p.pad_w, p.dil_h, p.dil_w,    p.groups,   p.has_bias ? 1 : 0};
-    size_t h = static_cast<size_t>(key.second);
+    size_t h = static_cast<size_t>(key.prec) * 2 + (key.winograd ? 1 : 0);
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
     return h;
   }
@@ -213,12 +301,13 @@ std::unordered_map<Key, std::unique_ptr<ConvPrimitives>, KeyHash> cache;
 // The cached primitives of `p` in `prec`, built on first use. Entries are never removed, so the
 // reference stays valid while other threads insert.
 ConvPrimitives& primitives_for(const Conv2dParams& p, Precision prec) {
+  const Key key{p, prec, winograd_pays(p, prec)};
   std::lock_guard<std::mutex> lock(cache_mutex);
-  auto it = cache.find({p, prec});
+  auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
   auto made = guarded(p, "forward primitive creation",
                       [&] { return std::make_unique<ConvPrimitives>(p, prec); });
-  return *cache.emplace(Key{p, prec}, std::move(made)).first->second;
+  return *cache.emplace(key, std::move(made)).first->second;
 }
 
 }  // namespace
@@ -326,6 +415,18 @@ void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w
 void conv2d_backward_weights(const Conv2dParams& p, const float* x, const float* gy, float* gw,
                              float* gb, Precision prec) {
   conv2d_backward(p, x, nullptr, gy, nullptr, nullptr, gw, gb, prec);
+}
+
+void set_conv_algorithm(ConvAlgorithm a) {
+  algorithm_setting().store(a);
+}
+
+ConvAlgorithm conv_algorithm() {
+  return algorithm_setting().load();
+}
+
+bool conv_uses_winograd(const Conv2dParams& p, Precision prec) {
+  return primitives_for(p, prec).fwd_winograd;
 }
 
 size_t conv_cache_size() {

@@ -40,6 +40,19 @@ struct Conv2dParams {
 // caller's arrays are float32 either way.
 enum class Precision { Float32, BFloat16 };
 
+// Which algorithm CPU convolutions use (Note [Winograd] in nn/onednn.cpp).
+enum class ConvAlgorithm {
+  Auto,    // Winograd for float32 3x3 stride-1 convolutions with >= 32 channels in and out (where
+           // it was measured faster), direct everywhere else
+  Direct,  // always direct, like PyTorch's oneDNN path (for comparisons)
+};
+// The algorithm for convolutions run from now on (primitives already built for the other setting
+// stay cached). Starts as DDPLAB_CONV_ALGO says ("auto" or "direct"), else Auto.
+void set_conv_algorithm(ConvAlgorithm a);
+ConvAlgorithm conv_algorithm();
+// Whether a convolution of `p` in `prec` runs Winograd's algorithm under the current setting.
+bool conv_uses_winograd(const Conv2dParams& p, Precision prec = Precision::Float32);
+
 // y = conv(x, w) + b. All pointers address contiguous float32 NCHW / OIHW arrays; b may be null
 // when !has_bias. x_saved (optional; conv2d_saved_input_bytes(p) bytes) receives x in the layout
 // the backward-weights primitive reads, for conv2d_backward: forward reorders x into that layout

@@ -103,36 +103,85 @@ TEST_CASE("conv2d_reference: gradcheck, and the im2col path agrees with it in fl
   }
 }
 
+namespace {
+
+// Forward and all three gradients of F::conv2d (oneDNN in float32) against conv2d_reference.
+// Returns F::conv2d's [output, grad input, grad weight, grad bias].
+std::vector<Tensor> check_onednn_matches_reference(const ConvCfg& c) {
+  CAPTURE(c.c);
+  CAPTURE(c.o);
+  CAPTURE(c.groups);
+  Generator g(11);
+  Tensor x0 = ops::randn({c.n, c.c, c.h, c.w}, kFloat32, &g);
+  Tensor w0 = ops::randn({c.o, c.c / c.groups, c.kh, c.kw}, kFloat32, &g);
+  Tensor b0 = ops::randn({c.o}, kFloat32, &g);
+  Tensor gy;
+  std::vector<std::vector<Tensor>> results;
+  for (bool fast : {true, false}) {
+    Tensor x = ops::clone(x0).set_requires_grad(true);
+    Tensor w = ops::clone(w0).set_requires_grad(true);
+    Tensor b = ops::clone(b0).set_requires_grad(true);
+    Tensor y = fast ? F::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups)
+                    : F::conv2d_reference(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+    if (!gy.defined()) gy = ops::randn(y.shape(), kFloat32, &g);
+    y.backward(gy);
+    results.push_back({y, x.grad(), w.grad(), b.grad()});
+  }
+  const char* names[] = {"output", "grad input", "grad weight", "grad bias"};
+  for (int i = 0; i < 4; ++i) {
+    CAPTURE(names[i]);
+    REQUIRE(results[0][i].shape() == results[1][i].shape());
+    CHECK(ops::max_rel_error(results[0][i], results[1][i]) < 1e-5);
+  }
+  return results[0];
+}
+
+}  // namespace
+
 TEST_CASE("conv2d: oneDNN (float32) matches conv2d_reference: forward and all three gradients") {
   std::vector<ConvCfg> cfgs = kConvCfgs;
   cfgs.push_back({4, 16, 12, 12, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false});  // blocked layout
   cfgs.push_back({4, 16, 12, 12, 32, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true});
-  for (const ConvCfg& c : cfgs) {
-    CAPTURE(c.c);
-    CAPTURE(c.groups);
-    Generator g(11);
-    Tensor x0 = ops::randn({c.n, c.c, c.h, c.w}, kFloat32, &g);
-    Tensor w0 = ops::randn({c.o, c.c / c.groups, c.kh, c.kw}, kFloat32, &g);
-    Tensor b0 = ops::randn({c.o}, kFloat32, &g);
-    Tensor gy;
-    std::vector<std::vector<Tensor>> results;
-    for (bool fast : {true, false}) {
-      Tensor x = ops::clone(x0).set_requires_grad(true);
-      Tensor w = ops::clone(w0).set_requires_grad(true);
-      Tensor b = ops::clone(b0).set_requires_grad(true);
-      Tensor y = fast ? F::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups)
-                      : F::conv2d_reference(x, w, b, c.stride, c.padding, c.dilation, c.groups);
-      if (!gy.defined()) gy = ops::randn(y.shape(), kFloat32, &g);
-      y.backward(gy);
-      results.push_back({y, x.grad(), w.grad(), b.grad()});
-    }
-    const char* names[] = {"output", "grad input", "grad weight", "grad bias"};
-    for (int i = 0; i < 4; ++i) {
-      CAPTURE(names[i]);
-      REQUIRE(results[0][i].shape() == results[1][i].shape());
-      CHECK(ops::max_rel_error(results[0][i], results[1][i]) < 1e-5);
-    }
+  for (const ConvCfg& c : cfgs) check_onednn_matches_reference(c);
+}
+
+TEST_CASE(
+    "conv2d: Winograd for 3x3 stride-1 convolutions of >= 32 channels, both algorithms "
+    "match conv2d_reference") {
+  using nn::onednn::ConvAlgorithm;
+  struct Case {
+    ConvCfg cfg;
+    bool eligible;  // by the rule of Note [Winograd]
+  };
+  const std::vector<Case> cases = {
+      {{4, 32, 12, 12, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true}, true},
+      {{2, 64, 8, 8, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false}, true},
+      {{4, 16, 12, 12, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false}, false},  // 16 channels in
+      {{4, 32, 12, 12, 32, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false}, false},  // stride 2
+      {{4, 32, 12, 12, 32, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, false}, false},  // 1x1
+  };
+  // oneDNN has Winograd kernels for AVX-512 only; elsewhere everything stays direct.
+  const bool has_kernels = nn::onednn::cpu_isa_name().rfind("avx512_core", 0) == 0;
+  const ConvAlgorithm before = nn::onednn::conv_algorithm();
+  for (const Case& k : cases) {
+    const ConvCfg& c = k.cfg;
+    nn::onednn::Conv2dParams p;
+    p.n = c.n, p.c = c.c, p.h = c.h, p.w = c.w, p.o = c.o, p.kh = c.kh, p.kw = c.kw;
+    p.stride_h = c.stride[0], p.stride_w = c.stride[1];
+    p.pad_h = c.padding[0], p.pad_w = c.padding[1];
+    p.has_bias = c.bias;
+
+    nn::onednn::set_conv_algorithm(ConvAlgorithm::Auto);
+    CHECK(nn::onednn::conv_uses_winograd(p) == (k.eligible && has_kernels));
+    std::vector<Tensor> fast = check_onednn_matches_reference(c);
+
+    nn::onednn::set_conv_algorithm(ConvAlgorithm::Direct);
+    CHECK_FALSE(nn::onednn::conv_uses_winograd(p));
+    std::vector<Tensor> direct = check_onednn_matches_reference(c);
+    // The setting reaches the kernels: Winograd rounds differently from the direct algorithm.
+    if (k.eligible && has_kernels) CHECK(ops::max_abs_diff(fast[0], direct[0]) > 0);
   }
+  nn::onednn::set_conv_algorithm(before);
 }
 
 TEST_CASE("conv2d: oneDNN primitives are cached per shape") {
