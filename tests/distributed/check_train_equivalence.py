@@ -3,7 +3,8 @@
     check_train_equivalence.py DDPRUN TRAIN CASE     CASE: syncbn | accumulation | flags
 
 syncbn:       2 ranks x batch 4 with --sync-bn reach, after 3 SGD steps, the parameters and BN
-              running statistics of one process with batch 8 (relative 1e-4; see compare()).
+              running statistics of one process with batch 8 (relative 1e-4 with direct
+              convolutions, 2e-3 with the default Winograd; see case_syncbn and compare()).
 accumulation: 2 ranks x 4 micro-batches of 2 (--accumulation-steps 4) equal one process with
               batch 16 (relative 1e-5), with exactly one round of bucket all-reduces per optimizer
               step (the metrics' grad_sync_rounds, counted by the Reducer, equals the step count).
@@ -94,8 +95,9 @@ def compare(got_path, want_path, tol):
     return bad
 
 
-def run(cmd, expect_rc=0):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run(cmd, expect_rc=0, env=None):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=None if env is None else dict(os.environ, **env))
     print("$", " ".join(cmd), "-> exit", p.returncode)
     print(p.stdout)
     if expect_rc is not None and p.returncode != expect_rc:
@@ -109,14 +111,27 @@ def common(data):
 
 
 def case_syncbn(ddprun, train, tmp):
+    """Twice: with direct convolutions to 1e-4, then with the default algorithm (Winograd on the
+    32- and 64-channel layers, Note [Winograd] in nn/onednn.cpp) to 2e-3. Winograd's weight
+    gradients are sums over the batch taken in its transformed domain and transformed back, so
+    splitting the batch over two ranks changes their rounding more than a direct convolution's:
+    measured, the BN biases (the cancelling sums described in compare()) then differ by up to
+    5.4e-6 absolute, 5.4e-4 on compare()'s scale, where direct convolutions give 5e-8. The first
+    run checks SyncBatchNorm's arithmetic; the second, that the default stays close."""
     data = os.path.join(tmp, "data")
     write_dataset(data, per_class_train=8, per_class_test=1)  # 24 images: 3 steps of 8
     args = common(data) + ["--model", "resnet20", "--lr", "0.01", "--max-steps", "3"]
-    out = run([ddprun, "--standalone", "--nproc-per-node", "2", train] + args +
-              ["--sync-bn", "--batch-size", "4", "--save", os.path.join(tmp, "ddp.st")])
-    assert "SyncBatchNorm" in out, "the DDP run did not report SyncBatchNorm"
-    run([train] + args + ["--batch-size", "8", "--save", os.path.join(tmp, "one.st")])
-    return compare(os.path.join(tmp, "ddp.st"), os.path.join(tmp, "one.st"), 1e-4)
+    bad = 0
+    for algo, tol in (("direct", 1e-4), ("auto", 2e-3)):
+        env = {"DDPLAB_CONV_ALGO": algo}
+        ddp_st, one_st = (os.path.join(tmp, "%s_%s.st" % (k, algo)) for k in ("ddp", "one"))
+        out = run([ddprun, "--standalone", "--nproc-per-node", "2", train] + args +
+                  ["--sync-bn", "--batch-size", "4", "--save", ddp_st], env=env)
+        assert "SyncBatchNorm" in out, "the DDP run did not report SyncBatchNorm"
+        run([train] + args + ["--batch-size", "8", "--save", one_st], env=env)
+        print("convolution algorithm %s:" % algo)
+        bad += compare(ddp_st, one_st, tol)
+    return bad
 
 
 def case_accumulation(ddprun, train, tmp):
