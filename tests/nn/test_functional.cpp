@@ -360,6 +360,44 @@ TEST_CASE("max_pool2d: gradcheck, and ties send the gradient to the first maximu
   CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 0, 0, 0});
 }
 
+TEST_CASE("max_pool2d: the 2x2 stride-2 path follows the general rule on ties and NaNs") {
+  // Few distinct values (many ties) and some NaNs, odd sizes (the last row and column fall out),
+  // against the rule written out: row-major order, a strictly greater value or a NaN (over a
+  // number) takes the window. The gradient shows which input each window chose.
+  for (DType dt : {kFloat32, kFloat64}) {
+    CAPTURE(dtype_name(dt));
+    const int64_t n = 2, c = 3, h = 7, w = 9, oh = 3, ow = 4;
+    Generator g(5);
+    std::vector<double> v = ops::randint(0, 3, {n, c, h, w}, &g).to_vector<double>();
+    for (size_t i = 0; i < v.size(); i += 17) v[i] = std::nan("");
+    Tensor x = ops::from_vector(v, {n, c, h, w}, dt).set_requires_grad(true);
+    Tensor y = F::max_pool2d(x, {2, 2});
+    REQUIRE(y.shape() == Shape{n, c, oh, ow});
+    y.backward(ops::ones(y.shape(), dt));
+    std::vector<double> got = y.to_vector<double>(), grad = x.grad().to_vector<double>();
+    std::vector<double> want_grad(v.size(), 0.0);
+    for (int64_t p = 0; p < n * c; ++p) {
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          int64_t best = -1;
+          for (int64_t i = 0; i < 2; ++i) {
+            for (int64_t j = 0; j < 2; ++j) {
+              const int64_t at = (p * h + 2 * oy + i) * w + 2 * ox + j;
+              if (best < 0 || v[at] > v[best] || (std::isnan(v[at]) && !std::isnan(v[best]))) {
+                best = at;
+              }
+            }
+          }
+          const double out = got[(p * oh + oy) * ow + ox];
+          CHECK((std::isnan(v[best]) ? std::isnan(out) : out == v[best]));
+          want_grad[best] = 1;
+        }
+      }
+    }
+    CHECK(grad == want_grad);
+  }
+}
+
 TEST_CASE("avg_pool2d: gradcheck, count_include_pad=True divisor") {
   check_grad(
       [](const std::vector<Tensor>& v) {
