@@ -85,7 +85,7 @@ std::optional<DType> autocast_dtype(Device device);
 bool is_autocast_enabled(Device device);
 
 // The dtype an op under the policy should run `t` in: the autocast dtype when autocast is on for
-// t's device and t is float32; empty otherwise (run as is).
+// t's device and t is float32 or already of that dtype; empty otherwise (run as is).
 std::optional<DType> autocast_dtype_for(const Tensor& t);
 
 // Throws an error that says why and what to use instead unless autocast to `dtype` can run on
