@@ -54,7 +54,7 @@ BnShape bn_shape(const Tensor& x) {
 // dependency chain (and may not be reordered without -ffast-math); eight chains keep the adders
 // busy and let the compiler use vector lanes, several times faster on long rows.
 template <class T, class F>
-double row_sum(int64_t s, F term) {
+DDP_CPU_CLONES double row_sum(int64_t s, F term) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= s; i += 8) {
@@ -70,7 +70,7 @@ double row_sum(int64_t s, F term) {
 // exactly: the channel's M2 is the rows' M2 plus s * sum((row_mean - mean)^2), the spread of the
 // row means. As accurate as two passes over the whole channel, at the memory traffic of one.
 template <class T>
-void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
+DDP_CPU_CLONES void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
   const double s = static_cast<double>(d.s);
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
@@ -98,8 +98,9 @@ void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
 // y = max(y, 0) in the same pass (batch_norm_relu), the clamp written as ReluOp writes it so that
 // NaN stays NaN.
 template <class T, bool kRelu = false>
-void normalize(const T* x, const BnShape& d, const double* mean, const double* invstd,
-               const compute_t<T>* weight, const compute_t<T>* bias, T* y) {
+DDP_CPU_CLONES void normalize(const T* x, const BnShape& d, const double* mean,
+                              const double* invstd, const compute_t<T>* weight,
+                              const compute_t<T>* bias, T* y) {
   using P = compute_t<T>;
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
@@ -159,8 +160,8 @@ class GradRows {
 
 // sum(dy) and sum(dy * (x - mu)) over channel c.
 template <class T>
-void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
-                       double& sum_dy, double& sum_dy_xmu) {
+DDP_CPU_CLONES void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c,
+                                      double mu, double& sum_dy, double& sum_dy_xmu) {
   sum_dy = 0;
   sum_dy_xmu = 0;
   for (int64_t n = 0; n < d.n; ++n) {
@@ -179,9 +180,9 @@ void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c,
 // each (~1e-7 of it) is then a large part of dx; over a few steps that moved DDP with
 // SyncBatchNorm away from single-process training by 5e-4 (tests/distributed, ddp_train_syncbn).
 template <class T>
-void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
-                        double is, double g, double sum_dy, double sum_dy_xmu, double count,
-                        T* dx) {
+DDP_CPU_CLONES void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c,
+                                       double mu, double is, double g, double sum_dy,
+                                       double sum_dy_xmu, double count, T* dx) {
   const double k = g * is;
   const double mean_dy = sum_dy / count;
   const double proj = sum_dy_xmu * is * is / count;
@@ -199,9 +200,9 @@ void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c
 // batch_norm's backward, one channel at a time (the channel's x and dy are still in cache when
 // dx is written). y: batch_norm_relu's output, whose sign masks dy, or nullptr for batch_norm.
 template <class T>
-void backward(const T* x, const T* dy_in, const T* y, const BnShape& d, const double* mean,
-              const double* invstd, const compute_t<T>* weight, bool training, T* dx,
-              compute_t<T>* dweight, compute_t<T>* dbias) {
+DDP_CPU_CLONES void backward(const T* x, const T* dy_in, const T* y, const BnShape& d,
+                             const double* mean, const double* invstd, const compute_t<T>* weight,
+                             bool training, T* dx, compute_t<T>* dweight, compute_t<T>* dbias) {
   using P = compute_t<T>;
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {

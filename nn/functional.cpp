@@ -103,7 +103,7 @@ namespace {
 // y = relu(a + b), the sum rounded to T first exactly as ops::add rounds it (bfloat16: added in
 // float, then rounded), then clamped as ops::relu clamps (NaN stays NaN).
 template <class T>
-void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
+DDP_CPU_CLONES void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     const T v = a[i] + b[i];
