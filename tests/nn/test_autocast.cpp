@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "autograd/functions.h"
@@ -477,6 +478,22 @@ TEST_CASE("relu, add_relu and pooling: bfloat16 in, bfloat16 out, float32's bits
     check_rounds_to(y, yr);
     check_rounds_to(ga, gar);
   }
+}
+
+TEST_CASE("relu's bfloat16 gradient: the mask of y > 0 on the edge values, as float32's") {
+  // -0, +0, the smallest subnormal, a normal number, the largest finite, inf, NaN, negatives: the
+  // bfloat16 kernel tests the sign on the bits, the float32 one compares.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> xs{-0.0f, 0.0f,  9.2e-41f,  1.5f,          3.38e38f,      inf,
+                              -inf,  -2.0f, -9.2e-41f, std::nanf(""), -std::nanf("")};
+  const int64_t n = static_cast<int64_t>(xs.size());
+  auto grad_of = [&](DType t) {
+    Tensor x = leaf(ops::to(ops::from_vector(xs, {n}), t));
+    F::relu(x).backward(ops::to(ops::full({n}, 3.0), t));
+    return ops::to(x.grad(), kFloat32).to_vector<float>();
+  };
+  CHECK(grad_of(kBFloat16) == grad_of(kFloat32));
+  CHECK(grad_of(kFloat32) == std::vector<float>{0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 0});
 }
 
 TEST_CASE("autograd: two bfloat16 gradients of one tensor are summed into a bfloat16 gradient") {
