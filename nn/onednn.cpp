@@ -192,14 +192,15 @@ auto with_algorithm(bool winograd, Make make, bool* got = nullptr)
 
 // Note [bf16 strided weight gradient]
 // oneDNN 2.6's bfloat16 backward-weights kernel (jit_bf16) splits a strided convolution's work
-// between threads so that they meet at barriers and sum partial gradients, and on resnet20's
-// three strided convolutions (3x3 and 1x1, stride 2) two threads took 4-6x longer than one
-// (e.g. 32 -> 64 channels at 16x16, batch 128: 2.1 ms on one thread, 8.5-13 ms at best on two).
-// Worse, its barriers spin: when another process holds one of the cores, the thread that waits
-// burns its time slice for nothing, and the same call took 0.4-1.5 s (the whole step, in float32,
-// takes 0.4). So that kernel is built for one thread; oneDNN sizes a kernel's work split by the
-// OpenMP thread count at creation, which ThreadCap lowers for the moment. The float32 kernels and
-// the bfloat16 ones of unstrided convolutions keep every thread.
+// between threads so that they meet at barriers and sum partial gradients. On resnet20's strided
+// 3x3 convolutions (batch 128) two threads take twice as long as one on a quiet machine
+// (16 -> 32 channels at 32x32: 1.7 ms on one thread, 4.1 ms on two; 32 -> 64 at 16x16: 2.0 and
+// 4.3 ms), and the strided 1x1 ones gain nothing from the second thread. Worse, the barriers
+// spin: when another process holds one of the cores, the waiting thread burns its time slice, and
+// the same call took 0.4-1.5 s (a whole float32 step takes 0.2). So these kernels are built for one
+// thread; oneDNN sizes a kernel's work split by the OpenMP thread count at creation, which
+// ThreadCap lowers for that moment. The float32 kernels and the bfloat16 ones of unstrided
+// convolutions keep every thread.
 class ThreadCap {
  public:
   // n = 0: no cap.
