@@ -9,7 +9,8 @@
 // On a GPU (--device cuda; scripts/gpu-check) the step ends with a synchronize, and so does each
 // timed part: the times are those of the GPU work, not of queueing it.
 // --amp bf16 runs the forward and the loss under autocast (nn/autocast.h): convolutions and
-// linear layers in bfloat16, the rest float32 (CPU only so far: on CUDA autocast says so).
+// linear layers in bfloat16, with bfloat16 activations between layers on the CPU (Note
+// [Autocast]); statistics, loss and parameters float32.
 //
 // Prints one human-readable line and one `RESULT key=value ...` line (parsed by the driver):
 // median step time, images/s, and the medians of its forward (incl. loss), backward and

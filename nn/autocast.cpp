@@ -80,8 +80,12 @@ bool is_autocast_enabled(Device device) {
 }
 
 std::optional<DType> autocast_dtype_for(const Tensor& t) {
-  if (!t.defined() || t.dtype() != kFloat32) return std::nullopt;
-  return slot(t.device().type);
+  if (!t.defined()) return std::nullopt;
+  const std::optional<DType> amp = slot(t.device().type);
+  // Float32 gets cast; a tensor already in the autocast dtype (the activations a layer under
+  // autocast wrote) is read as it is.
+  if (!amp || (t.dtype() != kFloat32 && t.dtype() != *amp)) return std::nullopt;
+  return amp;
 }
 
 }  // namespace ddplab::amp

@@ -13,6 +13,13 @@
 //
 // The end of the file exposes the steps of the training path one by one (nn/batchnorm_kernels.h)
 // for SyncBatchNorm, which runs a collective between them; they share the per-channel loops.
+//
+// Element types: float64 (gradcheck), float32, and bfloat16 activations with float32 weight and
+// bias (autocast, Note [Autocast] in nn/autocast.h). The kernels are templates over the
+// activation type T; weight, bias, their gradients and the per-element arithmetic are
+// compute_t<T> (float for bfloat16, which is only a storage type here), and the statistics are
+// double whatever T is. So a bfloat16 batch norm is the float32 one applied to the bfloat16
+// values, each output rounded to bfloat16 once.
 #include <cmath>
 #include <vector>
 
@@ -47,7 +54,7 @@ BnShape bn_shape(const Tensor& x) {
 // dependency chain (and may not be reordered without -ffast-math); eight chains keep the adders
 // busy and let the compiler use vector lanes, several times faster on long rows.
 template <class T, class F>
-double row_sum(int64_t s, F term) {
+DDP_CPU_CLONES double row_sum(int64_t s, F term) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= s; i += 8) {
@@ -63,7 +70,7 @@ double row_sum(int64_t s, F term) {
 // exactly: the channel's M2 is the rows' M2 plus s * sum((row_mean - mean)^2), the spread of the
 // row means. As accurate as two passes over the whole channel, at the memory traffic of one.
 template <class T>
-void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
+DDP_CPU_CLONES void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
   const double s = static_cast<double>(d.s);
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
@@ -73,7 +80,7 @@ void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
       const T* p = x + (n * d.c + c) * d.s;
       const double rm = row_sum<T>(d.s, [p](int64_t i) { return static_cast<double>(p[i]); }) / s;
       rows_m2 += row_sum<T>(d.s, [p, rm](int64_t i) {
-        const double dx = p[i] - rm;
+        const double dx = static_cast<double>(p[i]) - rm;
         return dx * dx;
       });
       row_mean[static_cast<size_t>(n)] = rm;
@@ -91,24 +98,26 @@ void batch_moments(const T* x, const BnShape& d, double* mean, double* m2) {
 // y = max(y, 0) in the same pass (batch_norm_relu), the clamp written as ReluOp writes it so that
 // NaN stays NaN.
 template <class T, bool kRelu = false>
-void normalize(const T* x, const BnShape& d, const double* mean, const double* invstd,
-               const T* weight, const T* bias, T* y) {
+DDP_CPU_CLONES void normalize(const T* x, const BnShape& d, const double* mean,
+                              const double* invstd, const compute_t<T>* weight,
+                              const compute_t<T>* bias, T* y) {
+  using P = compute_t<T>;
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
     const double scale = g * invstd[c];
     const double shift = (bias ? static_cast<double>(bias[c]) : 0.0) - mean[c] * scale;
-    const T sc = static_cast<T>(scale), sh = static_cast<T>(shift);
+    const P sc = static_cast<P>(scale), sh = static_cast<P>(shift);
     for (int64_t n = 0; n < d.n; ++n) {
       const T* p = x + (n * d.c + c) * d.s;
       T* q = y + (n * d.c + c) * d.s;
       if constexpr (kRelu) {
         for (int64_t i = 0; i < d.s; ++i) {
-          const T v = p[i] * sc + sh;
-          q[i] = v <= T(0) ? T(0) : v;
+          const P v = static_cast<P>(p[i]) * sc + sh;
+          q[i] = static_cast<T>(v <= P(0) ? P(0) : v);
         }
       } else {
-        for (int64_t i = 0; i < d.s; ++i) q[i] = p[i] * sc + sh;
+        for (int64_t i = 0; i < d.s; ++i) q[i] = static_cast<T>(static_cast<P>(p[i]) * sc + sh);
       }
     }
   }
@@ -139,7 +148,7 @@ class GradRows {
     const T *g = dy_ + offset, *out = y_ + offset;
     for (int64_t i = 0; i < s; ++i) {
       const T gi = g[i];  // loaded whatever the sign: a load under the condition stays scalar
-      buf_[i] = out[i] > T(0) ? gi : T(0);
+      buf_[i] = static_cast<compute_t<T>>(out[i]) > 0 ? gi : T(0);
     }
     return buf_.data();
   }
@@ -151,15 +160,17 @@ class GradRows {
 
 // sum(dy) and sum(dy * (x - mu)) over channel c.
 template <class T>
-void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
-                       double& sum_dy, double& sum_dy_xmu) {
+DDP_CPU_CLONES void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c,
+                                      double mu, double& sum_dy, double& sum_dy_xmu) {
   sum_dy = 0;
   sum_dy_xmu = 0;
   for (int64_t n = 0; n < d.n; ++n) {
     const int64_t row = (n * d.c + c) * d.s;
     const T *px = x + row, *pg = dy.row(row, d.s);
     sum_dy += row_sum<T>(d.s, [pg](int64_t i) { return static_cast<double>(pg[i]); });
-    sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) { return pg[i] * (px[i] - mu); });
+    sum_dy_xmu += row_sum<T>(d.s, [pg, px, mu](int64_t i) {
+      return static_cast<double>(pg[i]) * (static_cast<double>(px[i]) - mu);
+    });
   }
 }
 
@@ -169,9 +180,9 @@ void channel_grad_sums(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c,
 // each (~1e-7 of it) is then a large part of dx; over a few steps that moved DDP with
 // SyncBatchNorm away from single-process training by 5e-4 (tests/distributed, ddp_train_syncbn).
 template <class T>
-void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c, double mu,
-                        double is, double g, double sum_dy, double sum_dy_xmu, double count,
-                        T* dx) {
+DDP_CPU_CLONES void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c,
+                                       double mu, double is, double g, double sum_dy,
+                                       double sum_dy_xmu, double count, T* dx) {
   const double k = g * is;
   const double mean_dy = sum_dy / count;
   const double proj = sum_dy_xmu * is * is / count;
@@ -179,36 +190,40 @@ void channel_input_grad(const T* x, GradRows<T>& dy, const BnShape& d, int64_t c
     const int64_t row = (n * d.c + c) * d.s;
     const T *px = x + row, *pg = dy.row(row, d.s);
     T* q = dx + row;
-    for (int64_t i = 0; i < d.s; ++i)
-      q[i] = static_cast<T>(k * (pg[i] - mean_dy - (px[i] - mu) * proj));
+    for (int64_t i = 0; i < d.s; ++i) {
+      const double dy = static_cast<double>(pg[i]), xmu = static_cast<double>(px[i]) - mu;
+      q[i] = static_cast<T>(k * (dy - mean_dy - xmu * proj));
+    }
   }
 }
 
 // batch_norm's backward, one channel at a time (the channel's x and dy are still in cache when
 // dx is written). y: batch_norm_relu's output, whose sign masks dy, or nullptr for batch_norm.
 template <class T>
-void backward(const T* x, const T* dy_in, const T* y, const BnShape& d, const double* mean,
-              const double* invstd, const T* weight, bool training, T* dx, T* dweight, T* dbias) {
+DDP_CPU_CLONES void backward(const T* x, const T* dy_in, const T* y, const BnShape& d,
+                             const double* mean, const double* invstd, const compute_t<T>* weight,
+                             bool training, T* dx, compute_t<T>* dweight, compute_t<T>* dbias) {
+  using P = compute_t<T>;
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
     GradRows<T> dy(dy_in, y, d.s);
     const double mu = mean[c], is = invstd[c];
     double sum_dy = 0, sum_dy_xmu = 0;
     channel_grad_sums(x, dy, d, c, mu, sum_dy, sum_dy_xmu);
-    if (dweight) dweight[c] = static_cast<T>(sum_dy_xmu * is);
-    if (dbias) dbias[c] = static_cast<T>(sum_dy);
+    if (dweight) dweight[c] = static_cast<P>(sum_dy_xmu * is);
+    if (dbias) dbias[c] = static_cast<P>(sum_dy);
     if (!dx) continue;
     const double g = weight ? static_cast<double>(weight[c]) : 1.0;
     if (training) {
       channel_input_grad(x, dy, d, c, mu, is, g, sum_dy, sum_dy_xmu, static_cast<double>(d.count()),
                          dx);
     } else {
-      const T k = static_cast<T>(g * is);
+      const P k = static_cast<P>(g * is);
       for (int64_t n = 0; n < d.n; ++n) {
         const int64_t row = (n * d.c + c) * d.s;
         const T* pg = dy.row(row, d.s);
         T* q = dx + row;
-        for (int64_t i = 0; i < d.s; ++i) q[i] = pg[i] * k;
+        for (int64_t i = 0; i < d.s; ++i) q[i] = static_cast<T>(static_cast<P>(pg[i]) * k);
       }
     }
   }
@@ -235,15 +250,22 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
   }
 }
 
-// A defined [C] tensor as a contiguous one of x's dtype (or undefined).
+// The dtype of weight and bias (and their gradients) for input x: x's, except that bfloat16
+// activations take float32 ones (the master weights of autocast).
+DType param_dtype(const Tensor& x) {
+  return x.dtype() == kBFloat16 ? kFloat32 : x.dtype();
+}
+
+// A defined [C] tensor as a contiguous one of param_dtype(x) (or undefined).
 Tensor param_or_none(const Tensor& t, const Tensor& x, int64_t c, const char* name) {
   if (!t.defined()) return t;
   DDP_CHECK(t.dim() == 1 && t.size(0) == c,
             "batch_norm: " << name << " has shape " << shape_str(t.shape()) << " but input "
                            << shape_str(x.shape()) << " has " << c << " channels");
-  DDP_CHECK(t.dtype() == x.dtype(), "batch_norm: " << name << " is " << dtype_name(t.dtype())
-                                                   << " but the input is "
-                                                   << dtype_name(x.dtype()));
+  DDP_CHECK(t.dtype() == param_dtype(x),
+            "batch_norm: " << name << " is " << dtype_name(t.dtype()) << " but the input is "
+                           << dtype_name(x.dtype()) << " (expected a " << name << " of "
+                           << dtype_name(param_dtype(x)) << ")");
   DDP_CHECK(t.device() == x.device(), "batch_norm: " << name << " is on " << t.device()
                                                      << " but the input on " << x.device());
   return ops::contiguous(t);
@@ -265,8 +287,8 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
 #if !defined(DDP_CUDA)
   DDP_CHECK(!x_in.is_cuda(), "batch_norm: not implemented on CUDA yet; run it on the CPU");
 #endif
-  DDP_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64,
-            "batch_norm: supports float32 and float64, got " << dtype_name(x_in.dtype()));
+  DDP_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64 || x_in.dtype() == kBFloat16,
+            "batch_norm: supports float32, float64 and bfloat16, got " << dtype_name(x_in.dtype()));
   const BnShape d = bn_shape(x_in);
   Tensor weight = param_or_none(weight_in, x_in, d.c, "weight");
   Tensor bias = param_or_none(bias_in, x_in, d.c, "bias");
@@ -299,8 +321,8 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   Tensor x = ops::contiguous(x_in);
   std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));
   if (use_batch_stats) {
-    DDP_NN_DISPATCH(x.dtype(), "batch_norm",
-                    batch_moments(x.data_ptr<scalar_t>(), d, mean.data(), var.data()));
+    DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm",
+                         batch_moments(x.data_ptr<scalar_t>(), d, mean.data(), var.data()));
     for (double& v : var) v /= static_cast<double>(d.count());  // M2 -> biased variance
   } else {
     mean = to_doubles(running_mean);
@@ -322,9 +344,10 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   }
 
   Tensor y = ops::empty(x.shape(), x.options());
-  DDP_NN_DISPATCH(x.dtype(), "batch_norm", {
-    const scalar_t* w = weight.defined() ? weight.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* b = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
+  DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm", {
+    using param_t = compute_t<scalar_t>;
+    const param_t* w = weight.defined() ? weight.data_ptr<param_t>() : nullptr;
+    const param_t* b = bias.defined() ? bias.data_ptr<param_t>() : nullptr;
     if (fuse_relu) {
       normalize<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
                                 y.data_ptr<scalar_t>());
@@ -352,21 +375,25 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
       [d, use_batch_stats, has_w, has_b, fuse_relu, iy](
           const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
-        Tensor dy = ops::contiguous(grad);
+        // dy in the output's dtype, x's (a float32 consumer of a bfloat16 output sends float32).
+        Tensor dy = ops::contiguous(ops::to(grad, x.dtype()));
         autograd::Grads g(needs.size());
         Tensor dx = needs[0] ? ops::empty(x.shape(), x.options()) : Tensor();
         const size_t iw = 1, ib = has_w ? 2 : 1;
-        Tensor dw = has_w && needs[iw] ? ops::empty({d.c}, x.options()) : Tensor();
-        Tensor db = has_b && needs[ib] ? ops::empty({d.c}, x.options()) : Tensor();
+        const TensorOptions param_options = x.options().with_dtype(param_dtype(x));
+        Tensor dw = has_w && needs[iw] ? ops::empty({d.c}, param_options) : Tensor();
+        Tensor db = has_b && needs[ib] ? ops::empty({d.c}, param_options) : Tensor();
         const double* mean = s[1].data_ptr<double>();
         const double* invstd = s[2].data_ptr<double>();
-        DDP_NN_DISPATCH(x.dtype(), "batch_norm backward",
-                        backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                                 fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
-                                 has_w ? s[3].data_ptr<scalar_t>() : nullptr, use_batch_stats,
-                                 dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
-                                 dw.defined() ? dw.data_ptr<scalar_t>() : nullptr,
-                                 db.defined() ? db.data_ptr<scalar_t>() : nullptr));
+        DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm backward", {
+          using param_t = compute_t<scalar_t>;
+          backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                   fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
+                   has_w ? s[3].data_ptr<param_t>() : nullptr, use_batch_stats,
+                   dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
+                   dw.defined() ? dw.data_ptr<param_t>() : nullptr,
+                   db.defined() ? db.data_ptr<param_t>() : nullptr);
+        });
         g[0] = dx;
         if (has_w) g[iw] = dw;
         if (has_b) g[ib] = db;

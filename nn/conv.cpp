@@ -1,5 +1,6 @@
 // 2-D convolution: conv2d (oneDNN for float32, im2col + GEMM otherwise) and conv2d_reference.
-// Under autocast (nn/autocast.h) the oneDNN convolution computes with bfloat16 operands.
+// Under autocast (nn/autocast.h) the oneDNN convolution computes with bfloat16 operands and, on
+// the CPU, writes a bfloat16 output (Note [Autocast]).
 //
 // Three implementations of the same maths, kept side by side on purpose:
 //   * conv2d_reference: a selection matrix turns im2col into a matmul, so the whole convolution
@@ -51,18 +52,20 @@ Conv2dParams check_conv2d_args(const Tensor& x, const Tensor& w, const Tensor& b
                                                        << " has out_channels not divisible by "
                                                           "groups="
                                                        << groups);
-  DDP_CHECK(x.dtype() == w.dtype(), "conv2d: input " << shape_str(x.shape()) << " is "
-                                                     << dtype_name(x.dtype()) << " but weight "
-                                                     << shape_str(w.shape()) << " is "
-                                                     << dtype_name(w.dtype()));
+  // Under autocast a bfloat16 activation meets the float32 master weights (Note [Autocast]).
+  const bool autocast_mix = amp::autocast_dtype_for(x).has_value() && w.dtype() == kFloat32;
+  DDP_CHECK(x.dtype() == w.dtype() || autocast_mix,
+            "conv2d: input " << shape_str(x.shape()) << " is " << dtype_name(x.dtype())
+                             << " but weight " << shape_str(w.shape()) << " is "
+                             << dtype_name(w.dtype()));
   DDP_CHECK(x.device() == w.device(),
             "conv2d: input is on " << x.device() << " but weight on " << w.device());
   if (b.defined()) {
     DDP_CHECK(b.dim() == 1 && b.size(0) == w.size(0),
               "conv2d: bias " << shape_str(b.shape()) << " does not match weight "
                               << shape_str(w.shape()) << " (expected [" << w.size(0) << "])");
-    DDP_CHECK(b.dtype() == x.dtype() && b.device() == x.device(),
-              "conv2d: bias must have the input's dtype and device");
+    DDP_CHECK(b.dtype() == w.dtype() && b.device() == x.device(),
+              "conv2d: bias must have the weight's dtype and the input's device");
   }
   for (int i = 0; i < 2; ++i) {
     DDP_CHECK(stride[i] >= 1 && padding[i] >= 0 && dilation[i] >= 1,
@@ -242,34 +245,50 @@ void im2col_conv2d_backward_weights(const Conv2dParams& p, const Tensor& x, cons
 
 namespace {
 
-// The oneDNN kernels (nn/onednn.h) take raw float32 pointers; in bfloat16 precision they round
-// the operands to bfloat16 for the products and still read and write float32 (Note [Autocast]).
+// The oneDNN kernels (nn/onednn.h) take raw pointers and the types of the arrays behind them:
+// float32, or in bfloat16 precision (autocast) bfloat16 activations (x may still be float32: the
+// first layer reads the images) with float32 weights (Note [Autocast]).
+onednn::Element element(const Tensor& t) {
+  return t.dtype() == kBFloat16 ? onednn::Element::BFloat16 : onednn::Element::Float32;
+}
+
+// x_or_gx and y_or_gy: whichever of the pair the call has (they share their dtype).
+template <onednn::Precision P>
+onednn::ConvTypes conv_types(const Tensor& x_or_gx, const Tensor& y_or_gy) {
+  return {P, element(x_or_gx), element(y_or_gy)};
+}
+
 template <onednn::Precision P>
 void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                     const Tensor& y) {
-  onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null<float>(b),
-                         y.data_ptr<float>(), P);
+  onednn::conv2d_forward(p, x.raw_data(), w.data_ptr<float>(), ptr_or_null<float>(b), y.raw_data(),
+                         conv_types<P>(x, y));
 }
 
 template <onednn::Precision P>
 Tensor onednn_forward_keep(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                            const Tensor& y) {
-  const size_t bytes = onednn::conv2d_saved_input_bytes(p, P);
+  const onednn::ConvTypes types = conv_types<P>(x, y);
+  const size_t bytes = onednn::conv2d_saved_input_bytes(p, types);
   // A float32 tensor only as a byte buffer: its contents are in oneDNN's layout (and, in
   // bfloat16 precision, bfloat16).
   Tensor kept =
-      bytes == 0 ? Tensor() : ops::empty({static_cast<int64_t>((bytes + 3) / 4)}, x.options());
-  onednn::conv2d_forward(p, x.data_ptr<float>(), w.data_ptr<float>(), ptr_or_null<float>(b),
-                         y.data_ptr<float>(), P, kept.defined() ? kept.raw_data() : nullptr);
+      bytes == 0 ? Tensor() : ops::empty({static_cast<int64_t>((bytes + 3) / 4)}, w.options());
+  onednn::conv2d_forward(p, x.raw_data(), w.data_ptr<float>(), ptr_or_null<float>(b), y.raw_data(),
+                         types, kept.defined() ? kept.raw_data() : nullptr);
   return kept;
+}
+
+void* raw_or_null(const Tensor& t) {
+  return t.defined() ? t.raw_data() : nullptr;
 }
 
 template <onednn::Precision P>
 void onednn_backward(const Conv2dParams& p, const Tensor& x, const Tensor& kept, const Tensor& gy,
                      const Tensor& w, const Tensor& gx, const Tensor& gw, const Tensor& gb) {
-  onednn::conv2d_backward(p, ptr_or_null<float>(x), kept.defined() ? kept.raw_data() : nullptr,
-                          gy.data_ptr<float>(), ptr_or_null<float>(w), ptr_or_null<float>(gx),
-                          ptr_or_null<float>(gw), ptr_or_null<float>(gb), P);
+  onednn::conv2d_backward(p, raw_or_null(x), raw_or_null(kept), gy.raw_data(),
+                          ptr_or_null<float>(w), raw_or_null(gx), ptr_or_null<float>(gw),
+                          ptr_or_null<float>(gb), conv_types<P>(x.defined() ? x : gx, gy));
 }
 
 template <onednn::Precision P>
@@ -296,7 +315,8 @@ constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2
                                      im2col_conv2d_backward_data, im2col_conv2d_backward_weights};
 
 // cuDNN for CUDA tensors whichever CPU kernel was asked for; on the CPU oneDNN serves float32
-// (in bfloat16 under autocast) and im2col everything else (float64, for gradcheck).
+// (in bfloat16 under autocast, which also takes bfloat16 inputs) and im2col everything else
+// (float64, for gradcheck).
 const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
 #if defined(DDP_CUDA)
   if (x.is_cuda()) {
@@ -304,8 +324,9 @@ const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
     return amp ? cudnn::conv2d_autocast_kernels(*amp) : cudnn::conv2d_kernels();
   }
 #endif
+  if (use_onednn && amp::autocast_dtype_for(x) == kBFloat16) return kOneDnnBf16Kernels;
   if (!use_onednn || x.dtype() != kFloat32) return kIm2colKernels;
-  return amp::autocast_dtype_for(x) == kBFloat16 ? kOneDnnBf16Kernels : kOneDnnKernels;
+  return kOneDnnKernels;
 }
 
 }  // namespace
@@ -317,7 +338,10 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   // The kernels read plain row-major arrays: make the operands contiguous (a no-op usually).
   Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
   Tensor b = b_in.defined() ? ops::contiguous(b_in) : Tensor();
-  Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options());
+  // Under autocast on the CPU the output stays bfloat16 for the layers after it (Note
+  // [Autocast]); everywhere else it has the input's dtype.
+  const DType y_dtype = kernels == &kOneDnnBf16Kernels ? kBFloat16 : x.dtype();
+  Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options().with_dtype(y_dtype));
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
   const bool record = autograd::needs_grad(inputs);
@@ -331,10 +355,12 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   if (!record) return y;
   return autograd::record(
       kernels->node_name, y, inputs, {x, w, kept},
-      [p, kernels](const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
+      [p, kernels, y_dtype](const Tensor& grad, const autograd::Saved& s,
+                            const autograd::Needs& needs) {
         const Tensor& x = s[0];
         const Tensor& w = s[1];
-        Tensor gy = ops::contiguous(grad);
+        // The gradient has the output's dtype (it may arrive wider from a float32 consumer).
+        Tensor gy = ops::contiguous(ops::to(grad, y_dtype));
         autograd::Grads g(needs.size());
         const bool want_bias = p.has_bias && needs[2];
         if (needs[0]) g[0] = ops::empty(x.shape(), x.options());
@@ -349,7 +375,7 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
           if (needs[0]) kernels->backward_data(p, gy, w, g[0]);
           if (needs[1]) kernels->backward_weights(p, x, gy, g[1], want_bias ? g[2] : Tensor());
         }
-        if (want_bias && !needs[1]) g[2] = ops::sum(gy, {0, 2, 3});
+        if (want_bias && !needs[1]) g[2] = ops::sum(ops::to(gy, w.dtype()), {0, 2, 3});
         return g;
       });
 }

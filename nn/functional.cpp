@@ -4,6 +4,8 @@
 // nn/pooling.cpp, log_softmax and the losses in nn/loss.cpp.)
 #include "nn/functional.h"
 
+#include <type_traits>
+
 #include "autograd/function_node.h"
 #include "autograd/functions.h"
 #include "nn/autocast.h"
@@ -23,10 +25,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
             "linear: input " << shape_str(x.shape()) << " does not match weight "
                              << shape_str(w.shape()) << ": the input's last dim must equal "
                              << w.size(1) << " (weight.size(1))");
-  DDP_CHECK(x.dtype() == w.dtype(), "linear: input " << shape_str(x.shape()) << " is "
-                                                     << dtype_name(x.dtype()) << " but weight "
-                                                     << shape_str(w.shape()) << " is "
-                                                     << dtype_name(w.dtype()));
+  // Under autocast a bfloat16 activation meets the float32 master weights (Note [Autocast]).
+  const std::optional<DType> amp = amp::autocast_dtype_for(x);
+  DDP_CHECK(x.dtype() == w.dtype() || (amp && w.dtype() == kFloat32),
+            "linear: input " << shape_str(x.shape()) << " is " << dtype_name(x.dtype())
+                             << " but weight " << shape_str(w.shape()) << " is "
+                             << dtype_name(w.dtype()));
   DDP_CHECK(x.device() == w.device(),
             "linear: input is on " << x.device() << " but weight on " << w.device());
   const int64_t in = w.size(1), out = w.size(0);
@@ -34,16 +38,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     DDP_CHECK(b.dim() == 1 && b.size(0) == out,
               "linear: bias " << shape_str(b.shape()) << " does not match weight "
                               << shape_str(w.shape()) << " (expected [" << out << "])");
-    DDP_CHECK(b.dtype() == x.dtype() && b.device() == x.device(),
-              "linear: bias must have the input's dtype and device");
+    DDP_CHECK(b.dtype() == w.dtype() && b.device() == x.device(),
+              "linear: bias must have the weight's dtype and the input's device");
   }
-  // Under autocast the float32 input and weight enter the GEMM as bfloat16 copies and the output
-  // stays float32 (Note [Autocast] in nn/autocast.h).
-  const DType operand_dtype = amp::autocast_dtype_for(x).value_or(x.dtype());
+  // Under autocast the input and weight enter the GEMM in bfloat16 (float32 ones as bfloat16
+  // copies) and the output is float32, the weight's dtype (Note [Autocast] in nn/autocast.h).
+  const DType operand_dtype = amp.value_or(x.dtype());
   Tensor x2 = ops::contiguous(ops::to(ops::reshape(x, {-1, in}), operand_dtype));
   Tensor wc = ops::contiguous(ops::to(w, operand_dtype));
   const int64_t rows = x2.size(0);
-  Tensor y = ops::empty({rows, out}, x.options());
+  Tensor y = ops::empty({rows, out}, w.options());
   if (b.defined()) {
     ops::copy_(y, b);  // broadcast each row, then accumulate the product onto it (beta = 1)
     ops::gemm_(y, x2, wc, false, true, 1, 1);
@@ -58,9 +62,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (b.defined()) inputs.push_back(b);
   if (!autograd::needs_grad(inputs)) return y;
   const Shape& x_shape = x.shape();
+  const DType x_dtype = x.dtype();
   return autograd::record("AddmmBackward", y, inputs, {x2, wc},
-                          [x_shape, in, out](const Tensor& grad, const autograd::Saved& s,
-                                             const autograd::Needs& needs) {
+                          [x_shape, x_dtype, in, out](const Tensor& grad, const autograd::Saved& s,
+                                                      const autograd::Needs& needs) {
                             Tensor g2 = ops::contiguous(ops::reshape(grad, {-1, out}));
                             // The products read the gradient in the operands' dtype (bfloat16
                             // under autocast) and write the output gradient's (float32).
@@ -69,7 +74,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                             if (needs[0]) {  // dx [rows, in] = g [rows, out] @ w [out, in]
                               Tensor gx = ops::empty({g2.size(0), in}, g2.options());
                               ops::gemm_(gx, g2_op, s[1], false, false);
-                              g[0] = ops::reshape(gx, x_shape);
+                              // In x's dtype (bfloat16 for an autocast activation).
+                              g[0] = ops::reshape(ops::to(gx, x_dtype), x_shape);
                             }
                             if (needs[1]) {  // dw [out, in] = g^T [out, rows] @ x [rows, in]
                               g[1] = ops::empty({out, in}, g2.options());
@@ -80,6 +86,43 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                           });
 }
 
+namespace {
+
+// dx = dy where y > 0, else 0 (ReluBackwardOp's rule; NaN in y counts as not > 0).
+template <class T>
+DDP_CPU_CLONES void relu_grad_kernel(const T* dy, const T* y, T* dx, int64_t n) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    // y > 0 exactly when y's bits are 0x0001-0x7f80 (positive, not zero, not NaN): a mask on the
+    // bits keeps the loop free of branches (a branch on the sign of random data mispredicts half
+    // the time), so the compiler vectorizes it.
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t keep = static_cast<uint16_t>(y[i].x - 1u) < 0x7f80u ? 0xffffu : 0u;
+      dx[i] = BFloat16::from_bits(static_cast<uint16_t>(dy[i].x & keep));
+    }
+  } else {
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : T(0);
+  }
+}
+
+// relu's gradient from its output y, in y's dtype (a float32 consumer of a bfloat16 activation
+// sends a float32 gradient). On the CPU a kernel of its own, which the AVX-512 build vectorizes
+// for bfloat16 too (ops::relu_backward's generic loop converts each element to float and back).
+Tensor relu_grad(const Tensor& grad, const Tensor& y) {
+  Tensor dy = ops::contiguous(ops::to(grad, y.dtype()));
+  if (y.is_cuda() || !y.is_contiguous() || dy.shape() != y.shape() || y.dtype() == kFloat16) {
+    return ops::relu_backward(dy, y);
+  }
+  Tensor dx = ops::empty(y.shape(), y.options());
+  DDP_NN_DISPATCH_BF16(y.dtype(), "relu backward",
+                       relu_grad_kernel(dy.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                                        dx.data_ptr<scalar_t>(), y.numel()));
+  return dx;
+}
+
+}  // namespace
+
 Tensor relu(const Tensor& x) {
   Tensor y = ops::relu(x);
   if (!autograd::needs_grad({x})) return y;
@@ -87,16 +130,16 @@ Tensor relu(const Tensor& x) {
   // when the next layer saves y anyway.
   return autograd::record("ReluBackward", y, {x}, {y},
                           [](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
-                            return autograd::Grads{ops::relu_backward(grad, s[0])};
+                            return autograd::Grads{relu_grad(grad, s[0])};
                           });
 }
 
 namespace {
 
-// y = relu(a + b), the sum rounded to T first exactly as ops::add rounds it, then clamped as
-// ops::relu clamps (NaN stays NaN).
+// y = relu(a + b), the sum rounded to T first exactly as ops::add rounds it (bfloat16: added in
+// float, then rounded), then clamped as ops::relu clamps (NaN stays NaN).
 template <class T>
-void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
+DDP_CPU_CLONES void add_relu_kernel(const T* a, const T* b, T* y, int64_t n) {
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     const T v = a[i] + b[i];
@@ -110,19 +153,19 @@ Tensor add_relu(const Tensor& a, const Tensor& b) {
   DDP_CHECK(a.defined() && b.defined(), "add_relu: both inputs must be defined");
   const bool fusable = a.shape() == b.shape() && a.dtype() == b.dtype() &&
                        a.device() == b.device() && !a.is_cuda() &&
-                       (a.dtype() == kFloat32 || a.dtype() == kFloat64);
+                       (a.dtype() == kFloat32 || a.dtype() == kFloat64 || a.dtype() == kBFloat16);
   if (!fusable)
     return functional::relu(a + b);  // broadcasting, promotion, other devices: the two ops
   Tensor ac = ops::contiguous(a), bc = ops::contiguous(b);
   Tensor y = ops::empty(a.shape(), a.options());
-  DDP_NN_DISPATCH(a.dtype(), "add_relu",
-                  add_relu_kernel(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
-                                  y.data_ptr<scalar_t>(), a.numel()));
+  DDP_NN_DISPATCH_BF16(a.dtype(), "add_relu",
+                       add_relu_kernel(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
+                                       y.data_ptr<scalar_t>(), a.numel()));
   if (!autograd::needs_grad({a, b})) return y;
   // d(a + b)/da = d(a + b)/db = 1: both inputs get relu's masked gradient, one tensor for both.
   return autograd::record("AddReluBackward", y, {a, b}, {y},
                           [](const Tensor& grad, const autograd::Saved& s, const autograd::Needs&) {
-                            Tensor g = ops::relu_backward(grad, s[0]);
+                            Tensor g = relu_grad(grad, s[0]);
                             return autograd::Grads{g, g};
                           });
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/function_node.h"
+#include "autograd/functions.h"
 #include "nn/functional.h"
 #include "nn/functional_util.h"
 #include "tensor/ops.h"
@@ -235,6 +236,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
 #if defined(DDP_CUDA)
   if (logits.is_cuda()) return cross_entropy_cuda(logits, target, reduction, label_smoothing);
 #endif
+  // bfloat16 logits (autocast's activations) are widened first: the loss runs in float32, as in
+  // PyTorch's autocast, because exp and log amplify rounding (Note [Autocast]).
+  if (logits.dtype() == kBFloat16) {
+    return cross_entropy(ddplab::to(logits, kFloat32), target, reduction, label_smoothing);
+  }
   const int64_t rows = logits.size(0), c = logits.size(1);
   Tensor x = ops::contiguous(logits);
   Tensor t = ops::contiguous(target);

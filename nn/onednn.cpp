@@ -6,9 +6,12 @@
 // out. The reorders for a shape are primitives too, and are cached with it. Reorder buffers come
 // from ddplab's caching host allocator, so a training step does not fault in fresh pages.
 //
-// Precision. In bfloat16 (autocast) the primitive's operands are bfloat16 while ours stay
-// float32: the reorder into the blocked layout converts them on the way (a reorder converts
-// types as it moves data), and outputs are float32, so they need no conversion back.
+// Precision. In bfloat16 (autocast) the primitive's operands are bfloat16. Where we hold them in
+// float32 (the weights, always; the first layer's input images) the reorder into the blocked
+// layout converts them on the way (a reorder converts types as it moves data). The activations
+// between layers we hold in bfloat16 (ConvTypes): the primitive reads them and writes its output
+// and the input gradient in bfloat16, so the reorders only move half as many bytes. Weight and
+// bias gradients are written in float32, for the float32 master weights.
 //
 // Algorithm: direct, or Winograd's minimal filtering where it pays (Note [Winograd] below).
 //
@@ -28,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/allocator.h"
@@ -157,6 +161,10 @@ std::atomic<ConvAlgorithm>& algorithm_setting() {
   return a;
 }
 
+dt element_type(Element e) {
+  return e == Element::BFloat16 ? dt::bf16 : dt::f32;
+}
+
 bool winograd_pays(const Conv2dParams& p, Precision prec) {
   return algorithm_setting().load() == ConvAlgorithm::Auto && prec == Precision::Float32 &&
          p.kh == 3 && p.kw == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dil_h == 1 &&
@@ -182,9 +190,38 @@ auto with_algorithm(bool winograd, Make make, bool* got = nullptr)
   return make(dnnl::algorithm::convolution_direct);
 }
 
+// Note [bf16 strided weight gradient]
+// oneDNN 2.6's bfloat16 backward-weights kernel (jit_bf16) splits a strided convolution's work
+// between threads so that they meet at barriers and sum partial gradients. On resnet20's strided
+// 3x3 convolutions (batch 128) two threads take twice as long as one on a quiet machine
+// (16 -> 32 channels at 32x32: 1.7 ms on one thread, 4.1 ms on two; 32 -> 64 at 16x16: 2.0 and
+// 4.3 ms), and the strided 1x1 ones gain nothing from the second thread. Worse, the barriers
+// spin: when another process holds one of the cores, the waiting thread burns its time slice, and
+// the same call took 0.4-1.5 s (a whole float32 step takes 0.2). So these kernels are built for one
+// thread; oneDNN sizes a kernel's work split by the OpenMP thread count at creation, which
+// ThreadCap lowers for that moment. The float32 kernels and the bfloat16 ones of unstrided
+// convolutions keep every thread.
+class ThreadCap {
+ public:
+  // n = 0: no cap.
+  explicit ThreadCap(int n) : prev_(omp_get_max_threads()), active_(n > 0 && n < prev_) {
+    if (active_) omp_set_num_threads(n);
+  }
+  ~ThreadCap() {
+    if (active_) omp_set_num_threads(prev_);
+  }
+  ThreadCap(const ThreadCap&) = delete;
+  ThreadCap& operator=(const ThreadCap&) = delete;
+
+ private:
+  int prev_;
+  bool active_;
+};
+
 struct ConvPrimitives {
   Conv2dParams p;
   dt operand;                 // what the products read: x, w and gy as the kernels see them
+  dt x_type, y_type;          // x and gx, y and gy as the caller holds them
   bool winograd;              // asked for (winograd_pays)
   bool fwd_winograd = false;  // what forward got
   memory::dims strides, dilates, pad_l, pad_r;
@@ -200,10 +237,12 @@ struct ConvPrimitives {
   dnnl::convolution_backward_weights bwd_weights;
   Arg bw_x, bw_gy, bw_gw;
 
-  ConvPrimitives(const Conv2dParams& params, Precision prec)
+  ConvPrimitives(const Conv2dParams& params, ConvTypes types)
       : p(params),
-        operand(prec == Precision::BFloat16 ? dt::bf16 : dt::f32),
-        winograd(winograd_pays(params, prec)) {
+        operand(types.prec == Precision::BFloat16 ? dt::bf16 : dt::f32),
+        x_type(element_type(types.x)),
+        y_type(element_type(types.y)),
+        winograd(winograd_pays(params, types.prec)) {
     const int64_t oh = p.out_h(), ow = p.out_w();
     strides = {p.stride_h, p.stride_w};
     dilates = {p.dil_h - 1, p.dil_w - 1};  // oneDNN counts the gaps: 0 means dense
@@ -212,8 +251,8 @@ struct ConvPrimitives {
     // exactly (it can be smaller than the left padding when the stride skips the last pixels).
     pad_r = {(oh - 1) * p.stride_h + p.dil_h * (p.kh - 1) + 1 - p.h - p.pad_h,
              (ow - 1) * p.stride_w + p.dil_w * (p.kw - 1) + 1 - p.w - p.pad_w};
-    x_plain = memory::desc({p.n, p.c, p.h, p.w}, dt::f32, tag::nchw);
-    y_plain = memory::desc({p.n, p.o, oh, ow}, dt::f32, tag::nchw);
+    x_plain = memory::desc({p.n, p.c, p.h, p.w}, x_type, tag::nchw);
+    y_plain = memory::desc({p.n, p.o, oh, ow}, y_type, tag::nchw);
     if (p.groups == 1) {
       w_plain = memory::desc({p.o, p.c, p.kh, p.kw}, dt::f32, tag::oihw);
     } else {
@@ -223,7 +262,7 @@ struct ConvPrimitives {
     b_plain = memory::desc({p.o}, dt::f32, tag::x);
 
     memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag());
-    memory::desc y_any({p.n, p.o, oh, ow}, dt::f32, activation_tag());
+    memory::desc y_any({p.n, p.o, oh, ow}, y_type, activation_tag());
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     memory::desc b_md = p.has_bias ? b_plain : memory::desc();
     fwd_pd = with_algorithm(
@@ -241,7 +280,7 @@ struct ConvPrimitives {
   }
 
   void build_backward_data() {
-    memory::desc gx_any(x_plain.dims(), dt::f32, activation_tag());
+    memory::desc gx_any(x_plain.dims(), x_type, activation_tag());
     memory::desc gy_any(y_plain.dims(), operand, activation_tag());
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
@@ -260,6 +299,8 @@ struct ConvPrimitives {
     memory::desc gy_any(y_plain.dims(), operand, activation_tag());
     memory::desc gw_any(w_plain.dims(), dt::f32, tag::any);
     memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
+    // The kernel fixes its thread count when it is built (Note [bf16 strided weight gradient]).
+    ThreadCap cap(operand == dt::bf16 && (p.stride_h > 1 || p.stride_w > 1) ? 1 : 0);
     auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
       dnnl::convolution_backward_weights::desc d(a, x_any, gw_any, gb_md, gy_any, strides, dilates,
                                                  pad_l, pad_r);
@@ -272,14 +313,14 @@ struct ConvPrimitives {
   }
 };
 
-// The cache key: a convolution, the precision it runs in and whether it runs Winograd's
-// algorithm (set_conv_algorithm can change that between calls).
+// The cache key: a convolution, its types and whether it runs Winograd's algorithm
+// (set_conv_algorithm can change that between calls).
 struct Key {
   Conv2dParams p;
-  Precision prec;
+  ConvTypes types;
   bool winograd;
   bool operator==(const Key& k) const {
-    return p == k.p && prec == k.prec && winograd == k.winograd;
+    return p == k.p && types == k.types && winograd == k.winograd;
   }
 };
 
@@ -289,7 +330,11 @@ struct KeyHash {
     const int64_t v[] = {p.n,     p.c,     p.h,        p.w,        p.o,
                          p.kh,    p.kw,    p.stride_h, p.stride_w, p.pad_h,
                          p.pad_w, p.dil_h, p.dil_w,    p.groups,   p.has_bias ? 1 : 0};
-    size_t h = static_cast<size_t>(key.prec) * 2 + (key.winograd ? 1 : 0);
+    const ConvTypes& t = key.types;
+    size_t h = ((static_cast<size_t>(t.prec) * 2 + static_cast<size_t>(t.x)) * 2 +
+                static_cast<size_t>(t.y)) *
+                   2 +
+               (key.winograd ? 1 : 0);
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
     return h;
   }
@@ -298,15 +343,18 @@ struct KeyHash {
 std::mutex cache_mutex;
 std::unordered_map<Key, std::unique_ptr<ConvPrimitives>, KeyHash> cache;
 
-// The cached primitives of `p` in `prec`, built on first use. Entries are never removed, so the
-// reference stays valid while other threads insert.
-ConvPrimitives& primitives_for(const Conv2dParams& p, Precision prec) {
-  const Key key{p, prec, winograd_pays(p, prec)};
+// The cached primitives of `p` with `types`, built on first use. Entries are never removed, so
+// the reference stays valid while other threads insert.
+ConvPrimitives& primitives_for(const Conv2dParams& p, ConvTypes types) {
+  DDP_CHECK(types.prec == Precision::BFloat16 ||
+                (types.x == Element::Float32 && types.y == Element::Float32),
+            "conv2d " << p.str() << ": bfloat16 activations need bfloat16 precision");
+  const Key key{p, types, winograd_pays(p, types.prec)};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
   auto made = guarded(p, "forward primitive creation",
-                      [&] { return std::make_unique<ConvPrimitives>(p, prec); });
+                      [&] { return std::make_unique<ConvPrimitives>(p, types); });
   return *cache.emplace(key, std::move(made)).first->second;
 }
 
@@ -327,8 +375,8 @@ std::string Conv2dParams::str() const {
   return os.str();
 }
 
-size_t conv2d_saved_input_bytes(const Conv2dParams& p, Precision prec) {
-  ConvPrimitives& cp = primitives_for(p, prec);
+size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types) {
+  ConvPrimitives& cp = primitives_for(p, types);
   return guarded(p, "backward weights primitive creation", [&]() -> size_t {
     std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
     // Worth keeping only when forward reorders x anyway and backward would redo the same reorder.
@@ -337,14 +385,14 @@ size_t conv2d_saved_input_bytes(const Conv2dParams& p, Precision prec) {
   });
 }
 
-void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
-                    Precision prec, void* x_saved) {
-  ConvPrimitives& cp = primitives_for(p, prec);
+void conv2d_forward(const Conv2dParams& p, const void* x, const float* w, const float* b, void* y,
+                    ConvTypes types, void* x_saved) {
+  ConvPrimitives& cp = primitives_for(p, types);
   guarded(p, "forward", [&] {
     Scratch s;
     memory xm;
     if (x_saved != nullptr) {  // the reorder writes where backward will find it
-      memory user(cp.fwd_x.user, engine(), const_cast<float*>(x));
+      memory user(cp.fwd_x.user, engine(), const_cast<void*>(x));
       xm = memory(cp.fwd_x.prim, engine(), x_saved);
       cp.fwd_x.reorder->execute(stream(), user, xm);
     } else {
@@ -363,9 +411,9 @@ void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const
   });
 }
 
-void conv2d_backward(const Conv2dParams& p, const float* x, const void* x_saved, const float* gy,
-                     const float* w, float* gx, float* gw, float* gb, Precision prec) {
-  ConvPrimitives& cp = primitives_for(p, prec);
+void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, const void* gy,
+                     const float* w, void* gx, float* gw, float* gb, ConvTypes types) {
+  ConvPrimitives& cp = primitives_for(p, types);
   guarded(p, "backward", [&] {
     Scratch s;
     // gy in the layout of the backward-data primitive; backward weights usually reads the same
@@ -407,14 +455,14 @@ void conv2d_backward(const Conv2dParams& p, const float* x, const void* x_saved,
   });
 }
 
-void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
-                          Precision prec) {
-  conv2d_backward(p, nullptr, nullptr, gy, w, gx, nullptr, nullptr, prec);
+void conv2d_backward_data(const Conv2dParams& p, const void* gy, const float* w, void* gx,
+                          ConvTypes types) {
+  conv2d_backward(p, nullptr, nullptr, gy, w, gx, nullptr, nullptr, types);
 }
 
-void conv2d_backward_weights(const Conv2dParams& p, const float* x, const float* gy, float* gw,
-                             float* gb, Precision prec) {
-  conv2d_backward(p, x, nullptr, gy, nullptr, nullptr, gw, gb, prec);
+void conv2d_backward_weights(const Conv2dParams& p, const void* x, const void* gy, float* gw,
+                             float* gb, ConvTypes types) {
+  conv2d_backward(p, x, nullptr, gy, nullptr, nullptr, gw, gb, types);
 }
 
 void set_conv_algorithm(ConvAlgorithm a) {
@@ -425,8 +473,8 @@ ConvAlgorithm conv_algorithm() {
   return algorithm_setting().load();
 }
 
-bool conv_uses_winograd(const Conv2dParams& p, Precision prec) {
-  return primitives_for(p, prec).fwd_winograd;
+bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types) {
+  return primitives_for(p, types).fwd_winograd;
 }
 
 size_t conv_cache_size() {
@@ -434,8 +482,8 @@ size_t conv_cache_size() {
   return cache.size();
 }
 
-std::string conv_forward_impl_name(const Conv2dParams& p, Precision prec) {
-  return primitives_for(p, prec).fwd_pd.impl_info_str();
+std::string conv_forward_impl_name(const Conv2dParams& p, ConvTypes types) {
+  return primitives_for(p, types).fwd_pd.impl_info_str();
 }
 
 std::string cpu_isa_name() {

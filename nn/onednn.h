@@ -5,8 +5,8 @@
 // tensors. So each convolution shape gets its primitives (forward, backward data, backward
 // weights, and the reorders between our plain NCHW tensors and oneDNN's blocked layouts) built
 // once, on first use, and kept in a table keyed by the shape (Conv2dParams) and the precision.
-// This header keeps dnnl.hpp out of the rest of ddplab: callers pass raw float pointers to
-// contiguous NCHW data.
+// This header keeps dnnl.hpp out of the rest of ddplab: callers pass raw pointers to contiguous
+// NCHW data (float32, or bfloat16 activations under autocast: ConvTypes).
 #pragma once
 
 #include <cstddef>
@@ -34,11 +34,25 @@ struct Conv2dParams {
 
 // What the products of a convolution read. Float32: everything float32. BFloat16 (autocast,
 // Note [Autocast] in nn/autocast.h): the operands of the products (input, weight, output
-// gradient) are rounded to bfloat16 on their way into the kernel, while oneDNN reorders them into
-// its blocked layout anyway, so the conversion costs no extra pass over memory; the kernel
-// accumulates in float32 and writes float32 (output, input, weight and bias gradients). The
-// caller's arrays are float32 either way.
+// gradient) are bfloat16, rounded on their way into the kernel where the caller holds them in
+// float32 (oneDNN reorders them into its blocked layout anyway, so the conversion costs no extra
+// pass over memory); the kernel accumulates in float32.
 enum class Precision { Float32, BFloat16 };
+
+// The element type of an array the caller holds.
+enum class Element { Float32, BFloat16 };
+
+// The types of one convolution: what the products read, and how the caller holds the
+// activations: x (and its gradient gx) and y (and its gradient gy). Weights, bias and their
+// gradients are float32 arrays always (master weights). Under autocast the activations between
+// layers are bfloat16 (y = Element::BFloat16, and x too except for the first layer, which reads
+// the float32 images); bfloat16 arrays need Precision::BFloat16.
+struct ConvTypes {
+  Precision prec = Precision::Float32;
+  Element x = Element::Float32;
+  Element y = Element::Float32;
+  bool operator==(const ConvTypes& t) const { return prec == t.prec && x == t.x && y == t.y; }
+};
 
 // Which algorithm CPU convolutions use (Note [Winograd] in nn/onednn.cpp).
 enum class ConvAlgorithm {
@@ -51,29 +65,30 @@ enum class ConvAlgorithm {
 void set_conv_algorithm(ConvAlgorithm a);
 ConvAlgorithm conv_algorithm();
 // Whether a convolution of `p` in `prec` runs Winograd's algorithm under the current setting.
-bool conv_uses_winograd(const Conv2dParams& p, Precision prec = Precision::Float32);
+bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 
-// y = conv(x, w) + b. All pointers address contiguous float32 NCHW / OIHW arrays; b may be null
-// when !has_bias. x_saved (optional; conv2d_saved_input_bytes(p) bytes) receives x in the layout
-// the backward-weights primitive reads, for conv2d_backward: forward reorders x into that layout
-// anyway, so keeping the result saves backward the same reorder (at the price of the memory).
-void conv2d_forward(const Conv2dParams& p, const float* x, const float* w, const float* b, float* y,
-                    Precision prec = Precision::Float32, void* x_saved = nullptr);
+// y = conv(x, w) + b. All pointers address contiguous NCHW / OIHW arrays: x and y of the types
+// `types` gives, w and b float32; b may be null when !has_bias. x_saved (optional;
+// conv2d_saved_input_bytes(p) bytes) receives x in the layout the backward-weights primitive
+// reads, for conv2d_backward: forward reorders x into that layout anyway, so keeping the result
+// saves backward the same reorder (at the price of the memory).
+void conv2d_forward(const Conv2dParams& p, const void* x, const float* w, const float* b, void* y,
+                    ConvTypes types = {}, void* x_saved = nullptr);
 // The size of forward's x_saved, or 0 when keeping it saves nothing (x needs no reorder, or
 // forward and backward weights read different layouts).
-size_t conv2d_saved_input_bytes(const Conv2dParams& p, Precision prec = Precision::Float32);
+size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types = {});
 // The gradients from gy = dL/dy in one call: gx = dL/dx unless gx is null, gw = dL/dw (and gb =
 // dL/db unless null) unless gw is null; overwritten, not accumulated. x_saved is forward's (or
-// null: x is read). One call instead of the two below lets both read gy reordered once.
-void conv2d_backward(const Conv2dParams& p, const float* x, const void* x_saved, const float* gy,
-                     const float* w, float* gx, float* gw, float* gb,
-                     Precision prec = Precision::Float32);
+// null: x is read). One call instead of the two below lets both read gy reordered once. gy has
+// y's type, gx x's (`types`); gw and gb are float32.
+void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, const void* gy,
+                     const float* w, void* gx, float* gw, float* gb, ConvTypes types = {});
 // gx = dL/dx from gy = dL/dy.
-void conv2d_backward_data(const Conv2dParams& p, const float* gy, const float* w, float* gx,
-                          Precision prec = Precision::Float32);
+void conv2d_backward_data(const Conv2dParams& p, const void* gy, const float* w, void* gx,
+                          ConvTypes types = {});
 // gw = dL/dw and (when gb is not null) gb = dL/db, overwritten (not accumulated).
-void conv2d_backward_weights(const Conv2dParams& p, const float* x, const float* gy, float* gw,
-                             float* gb, Precision prec = Precision::Float32);
+void conv2d_backward_weights(const Conv2dParams& p, const void* x, const void* gy, float* gw,
+                             float* gb, ConvTypes types = {});
 
 // Whether oneDNN runs bfloat16 convolutions and matmuls on this CPU: it needs AVX-512 (with
 // avx512_bf16 it has native bfloat16 dot-product instructions; on plain AVX-512 it converts in
@@ -86,6 +101,6 @@ std::string cpu_isa_name();
 // and curiosity).
 size_t conv_cache_size();
 // oneDNN's name for the forward kernel it picked for `p` (e.g. "brg:avx512_core").
-std::string conv_forward_impl_name(const Conv2dParams& p, Precision prec = Precision::Float32);
+std::string conv_forward_impl_name(const Conv2dParams& p, ConvTypes types = {});
 
 }  // namespace ddplab::nn::onednn

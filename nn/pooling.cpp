@@ -11,12 +11,18 @@
 //   * avg_pool2d: count_include_pad=True: the divisor counts padded positions inside the padded
 //     input, but not the part of a window hanging past the padding;
 //   * adaptive_avg_pool2d: window i spans [floor(i*In/Out), ceil((i+1)*In/Out)).
+//
+// bfloat16 input (autocast's activations, Note [Autocast] in nn/autocast.h) runs the float32
+// kernels on a widened copy and rounds the result back, like PyTorch's CPU kernels, which also
+// accumulate bfloat16 windows in float32: the output is the float32 op's, rounded. Pooling
+// follows the last convolutions, where the tensors are small, so the extra pass costs little.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "autograd/function_node.h"
+#include "autograd/functions.h"
 #include "nn/functional.h"
 #include "nn/functional_util.h"
 #include "tensor/ops.h"
@@ -226,8 +232,18 @@ void avg_pool_backward(const T* gy, const PoolShape& s, const Windows& win, T* g
   }
 }
 
+// pool(x) for a bfloat16 x: in float32, then rounded back (both casts differentiable, so the
+// gradient reaching x is bfloat16 too).
+template <class Pool>
+Tensor pool_in_float32(const Tensor& x, Pool pool) {
+  return ddplab::to(pool(ddplab::to(x, kFloat32)), kBFloat16);
+}
+
 // Runs an average pool given its windows, and records the backward.
 Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, Windows win) {
+  if (x_in.dtype() == kBFloat16) {
+    return pool_in_float32(x_in, [&](const Tensor& x) { return avg_pool_with(name, x, s, win); });
+  }
   Tensor x = ops::contiguous(x_in);
   Tensor y = ops::empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
   DDP_NN_DISPATCH(x.dtype(), name,
@@ -256,6 +272,10 @@ Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
                          s.ow);
   }
 #endif
+  if (x_in.dtype() == kBFloat16) {
+    return pool_in_float32(x_in,
+                           [&](const Tensor& x) { return max_pool2d(x, kernel, stride, padding); });
+  }
   Tensor x = ops::contiguous(x_in);
   Tensor y = ops::empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
   Tensor arg = ops::empty(y.shape(), kInt64);

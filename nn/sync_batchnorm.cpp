@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "autograd/function_node.h"
+#include "autograd/functions.h"
 #include "distributed/join.h"
 #include "nn/batchnorm_kernels.h"
 #include "tensor/ops.h"
@@ -110,6 +111,13 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
                        const std::shared_ptr<distributed::ProcessGroup>& group) {
   DDP_CHECK(x.defined() && x.dim() >= 2,
             "sync_batch_norm: expected input [N, C, ...], got " << shape_str(x.shape()));
+  // bfloat16 activations (autocast, Note [Autocast]) run the float32 path on a widened copy and
+  // come back rounded, with float32 parameter gradients; the statistics are double either way.
+  if (x.dtype() == kBFloat16) {
+    return ddplab::to(sync_batch_norm(ddplab::to(x, kFloat32), running_mean, running_var, weight,
+                                      bias, momentum, eps, group),
+                      kBFloat16);
+  }
   DDP_CHECK(x.dtype() == kFloat32 || x.dtype() == kFloat64,
             "sync_batch_norm: supports float32 and float64, got " << dtype_name(x.dtype()));
   DDP_CHECK(running_mean.defined() == running_var.defined(),

@@ -94,3 +94,16 @@ def build_model(name):
     if name == "cnn":
         return SmallCNN(), (1, 28, 28)
     raise SystemExit(f"torch_models: unknown model {name} (resnet18, resnet20/32/44/56/110, cnn)")
+
+
+def resnet20_step_inputs(T, dtype):
+    """resnet20 with the initial weights, input and target that parity_resnet20 recorded in T
+    (its safetensors file, read by st_io), in `dtype` and train mode: (model, x, y)."""
+    import torch
+    model = CifarResNet(20).to(dtype)
+    before = {k[len("before."):]: torch.from_numpy(v) for k, v in T.items()
+              if k.startswith("before.")}
+    model.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v)
+                           for k, v in before.items()}, strict=True)
+    model.train()
+    return model, torch.from_numpy(T["input"]).to(dtype), torch.from_numpy(T["target"]).long()

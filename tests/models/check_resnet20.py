@@ -45,14 +45,7 @@ def rel_err(a, b):
 
 def run(T, dtype):
     torch.manual_seed(0)
-    model = torch_models.CifarResNet(20).to(dtype)
-    before = {k[len("before."):]: torch.from_numpy(v) for k, v in T.items()
-              if k.startswith("before.")}
-    model.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v)
-                           for k, v in before.items()}, strict=True)
-    model.train()
-    x = torch.from_numpy(T["input"]).to(dtype)
-    y = torch.from_numpy(T["target"]).long()
+    model, x, y = torch_models.resnet20_step_inputs(T, dtype)
     logits = model(x)
     loss = F.cross_entropy(logits, y)
     loss.backward()

@@ -1,15 +1,20 @@
 // One training step of resnet20, recorded for check_resnet20.py to recompute in PyTorch.
 //
-//   parity_resnet20 OUT.safetensors
+//   parity_resnet20 OUT.safetensors [--amp]
 //
 // Builds resnet20 (seed 0), a seeded batch of 8 images [8, 3, 32, 32] and labels, runs forward
 // in train mode, cross-entropy, backward and one SGD step (lr 0.1, momentum 0.9, weight decay
 // 5e-4), and writes: before.<name> (state_dict before), input, target, logits, loss,
 // grad.<param> and after.<name> (state_dict after: parameters and BN running statistics).
+// --amp runs the forward and the loss under bfloat16 autocast (check_resnet20_amp.py).
 #include <cstdio>
 #include <exception>
 
+#include <optional>
+#include <string>
+
 #include "models/resnet.h"
+#include "nn/autocast.h"
 #include "nn/functional.h"
 #include "nn/safetensors.h"
 #include "optim/sgd.h"
@@ -19,8 +24,9 @@
 using namespace ddplab;
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: parity_resnet20 OUT.safetensors\n");
+  const bool amp = argc == 3 && std::string(argv[2]) == "--amp";
+  if (argc != 2 && !amp) {
+    std::fprintf(stderr, "usage: parity_resnet20 OUT.safetensors [--amp]\n");
     return 2;
   }
   try {
@@ -37,8 +43,13 @@ int main(int argc, char** argv) {
     out.emplace_back("input", x);
     out.emplace_back("target", y);
 
-    Tensor logits = (*model)(x);
-    Tensor loss = F::cross_entropy(logits, y);
+    Tensor logits, loss;
+    {
+      std::optional<amp::AutocastGuard> autocast;
+      if (amp) autocast.emplace(kCPU, kBFloat16);
+      logits = (*model)(x);
+      loss = F::cross_entropy(logits, y);
+    }
     loss.backward();
     optim::SGD opt(model->parameters(), {0.1, 0.9, 0, 5e-4, false});
     opt.step();
