@@ -114,12 +114,23 @@ void finish_output(const Arg& a, memory prim, void* ptr) {
 // Activations: plain NCHW is what we hold. `any` lets oneDNN pick its blocked layout (and pays
 // two reorders per call); measured on resnet20 shapes the blocked kernels win by more than the
 // reorders cost. DDPLAB_ONEDNN_PLAIN=1 forces plain NCHW kernels (for comparison only).
-memory::format_tag activation_tag() {
+//
+// One exception: a direct convolution with 8 to 16 channels in and out asks for channels-last
+// (NHWC). With 16 channels oneDNN's blocked layout nChw16c is byte for byte NHWC, so the
+// reorders cost the same, but for an explicit NHWC layout oneDNN 2.6 runs its newer
+// GEMM-based kernels (`brgconv`) instead of the older direct ones, which were slower on
+// resnet20's first stage: its whole step took 2-4% less time (quiet machine, 2026-12-03,
+// interleaved, 1 and 2 threads, float32 and bfloat16; docs/benchmarks.md). Measured with
+// AVX-512 only, so only there: AVX2's blocked layout is nChw8c, not NHWC.
+memory::format_tag activation_tag(const Conv2dParams& p, bool winograd) {
   static const bool plain = [] {
     const char* v = std::getenv("DDPLAB_ONEDNN_PLAIN");
     return v != nullptr && v[0] == '1';
   }();
-  return plain ? tag::nchw : tag::any;
+  static const bool avx512 = cpu_isa_name().rfind("avx512_core", 0) == 0;
+  if (plain) return tag::nchw;
+  const bool narrow = p.c >= 8 && p.c <= 16 && p.o >= 8 && p.o <= 16;
+  return avx512 && narrow && !winograd ? tag::nhwc : tag::any;
 }
 
 // Note [Winograd]
@@ -261,8 +272,8 @@ struct ConvPrimitives {
     }
     b_plain = memory::desc({p.o}, dt::f32, tag::x);
 
-    memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag());
-    memory::desc y_any({p.n, p.o, oh, ow}, y_type, activation_tag());
+    memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag(p, winograd));
+    memory::desc y_any({p.n, p.o, oh, ow}, y_type, activation_tag(p, winograd));
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     memory::desc b_md = p.has_bias ? b_plain : memory::desc();
     fwd_pd = with_algorithm(
@@ -280,8 +291,8 @@ struct ConvPrimitives {
   }
 
   void build_backward_data() {
-    memory::desc gx_any(x_plain.dims(), x_type, activation_tag());
-    memory::desc gy_any(y_plain.dims(), operand, activation_tag());
+    memory::desc gx_any(x_plain.dims(), x_type, activation_tag(p, winograd));
+    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, winograd));
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
       dnnl::convolution_backward_data::desc d(a, gx_any, w_any, gy_any, strides, dilates, pad_l,
@@ -295,8 +306,8 @@ struct ConvPrimitives {
   }
 
   void build_backward_weights() {
-    memory::desc x_any(x_plain.dims(), operand, activation_tag());
-    memory::desc gy_any(y_plain.dims(), operand, activation_tag());
+    memory::desc x_any(x_plain.dims(), operand, activation_tag(p, winograd));
+    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, winograd));
     memory::desc gw_any(w_plain.dims(), dt::f32, tag::any);
     memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
     // The kernel fixes its thread count when it is built (Note [bf16 strided weight gradient]).
