@@ -122,12 +122,17 @@ void finish_output(const Arg& a, memory prim, void* ptr) {
 // resnet20's first stage: its whole step took 2-4% less time (quiet machine, 2026-12-03,
 // interleaved, 1 and 2 threads, float32 and bfloat16; docs/benchmarks.md). Measured with
 // AVX-512 only, so only there: AVX2's blocked layout is nChw8c, not NHWC.
+// oneDNN's ISA values are masks, not an order: AVX-512 is every name starting avx512_core.
+bool isa_is_avx512() {
+  return cpu_isa_name().rfind("avx512_core", 0) == 0;
+}
+
 memory::format_tag activation_tag(const Conv2dParams& p, bool winograd) {
   static const bool plain = [] {
     const char* v = std::getenv("DDPLAB_ONEDNN_PLAIN");
     return v != nullptr && v[0] == '1';
   }();
-  static const bool avx512 = cpu_isa_name().rfind("avx512_core", 0) == 0;
+  static const bool avx512 = isa_is_avx512();
   if (plain) return tag::nchw;
   const bool narrow = p.c >= 8 && p.c <= 16 && p.o >= 8 && p.o <= 16;
   return avx512 && narrow && !winograd ? tag::nhwc : tag::any;
@@ -248,12 +253,13 @@ struct ConvPrimitives {
   dnnl::convolution_backward_weights bwd_weights;
   Arg bw_x, bw_gy, bw_gw;
 
-  ConvPrimitives(const Conv2dParams& params, ConvTypes types)
+  // `use_winograd`: winograd_pays, decided once by the caller that keys the cache with it.
+  ConvPrimitives(const Conv2dParams& params, ConvTypes types, bool use_winograd)
       : p(params),
         operand(types.prec == Precision::BFloat16 ? dt::bf16 : dt::f32),
         x_type(element_type(types.x)),
         y_type(element_type(types.y)),
-        winograd(winograd_pays(params, types.prec)) {
+        winograd(use_winograd) {
     const int64_t oh = p.out_h(), ow = p.out_w();
     strides = {p.stride_h, p.stride_w};
     dilates = {p.dil_h - 1, p.dil_w - 1};  // oneDNN counts the gaps: 0 means dense
@@ -365,7 +371,7 @@ ConvPrimitives& primitives_for(const Conv2dParams& p, ConvTypes types) {
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
   auto made = guarded(p, "forward primitive creation",
-                      [&] { return std::make_unique<ConvPrimitives>(p, types); });
+                      [&] { return std::make_unique<ConvPrimitives>(p, types, key.winograd); });
   return *cache.emplace(key, std::move(made)).first->second;
 }
 
@@ -515,7 +521,7 @@ std::string cpu_isa_name() {
 }
 
 bool cpu_has_bf16_kernels() {
-  return cpu_isa_name().rfind("avx512_core", 0) == 0;  // the ISA values are masks, not an order
+  return isa_is_avx512();
 }
 
 }  // namespace ddplab::nn::onednn

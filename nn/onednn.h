@@ -64,7 +64,7 @@ enum class ConvAlgorithm {
 // stay cached). Starts as DDPLAB_CONV_ALGO says ("auto" or "direct"), else Auto.
 void set_conv_algorithm(ConvAlgorithm a);
 ConvAlgorithm conv_algorithm();
-// Whether a convolution of `p` in `prec` runs Winograd's algorithm under the current setting.
+// Whether a convolution of `p` with `types` runs Winograd's algorithm under the current setting.
 bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 
 // y = conv(x, w) + b. All pointers address contiguous NCHW / OIHW arrays: x and y of the types
