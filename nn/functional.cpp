@@ -4,8 +4,6 @@
 // nn/pooling.cpp, log_softmax and the losses in nn/loss.cpp.)
 #include "nn/functional.h"
 
-#include <type_traits>
-
 #include "autograd/function_node.h"
 #include "autograd/functions.h"
 #include "nn/autocast.h"
@@ -88,36 +86,29 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 namespace {
 
-// dx = dy where y > 0, else 0 (ReluBackwardOp's rule; NaN in y counts as not > 0).
-template <class T>
-DDP_CPU_CLONES void relu_grad_kernel(const T* dy, const T* y, T* dx, int64_t n) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    // y > 0 exactly when y's bits are 0x0001-0x7f80 (positive, not zero, not NaN): a mask on the
-    // bits keeps the loop free of branches (a branch on the sign of random data mispredicts half
-    // the time), so the compiler vectorizes it.
+// relu's gradient for bfloat16 y: dx = dy where y > 0, else 0 (ReluBackwardOp's rule; NaN in y
+// counts as not > 0). y > 0 exactly when y's bits are 0x0001-0x7f80 (positive, not zero, not
+// NaN): a mask on the bits keeps the loop free of branches (a branch on the sign of random data
+// mispredicts half the time) and of float conversions, so the compiler vectorizes it.
+DDP_CPU_CLONES void relu_grad_bf16(const BFloat16* dy, const BFloat16* y, BFloat16* dx, int64_t n) {
 #pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t keep = static_cast<uint16_t>(y[i].x - 1u) < 0x7f80u ? 0xffffu : 0u;
-      dx[i] = BFloat16::from_bits(static_cast<uint16_t>(dy[i].x & keep));
-    }
-  } else {
-#pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0 ? dy[i] : T(0);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t keep = static_cast<uint16_t>(y[i].x - 1u) < 0x7f80u ? 0xffffu : 0u;
+    dx[i] = BFloat16::from_bits(static_cast<uint16_t>(dy[i].x & keep));
   }
 }
 
 // relu's gradient from its output y, in y's dtype (a float32 consumer of a bfloat16 activation
-// sends a float32 gradient). On the CPU a kernel of its own, which the AVX-512 build vectorizes
-// for bfloat16 too (ops::relu_backward's generic loop converts each element to float and back).
+// sends a float32 gradient). ops::relu_backward serves every dtype; bfloat16 on the CPU gets the
+// kernel above instead, since the generic loop converts each element to float and back.
 Tensor relu_grad(const Tensor& grad, const Tensor& y) {
   Tensor dy = ops::contiguous(ops::to(grad, y.dtype()));
-  if (y.is_cuda() || !y.is_contiguous() || dy.shape() != y.shape() || y.dtype() == kFloat16) {
+  if (y.dtype() != kBFloat16 || y.is_cuda() || !y.is_contiguous() || dy.shape() != y.shape()) {
     return ops::relu_backward(dy, y);
   }
   Tensor dx = ops::empty(y.shape(), y.options());
-  DDP_NN_DISPATCH_BF16(y.dtype(), "relu backward",
-                       relu_grad_kernel(dy.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                                        dx.data_ptr<scalar_t>(), y.numel()));
+  relu_grad_bf16(dy.data_ptr<BFloat16>(), y.data_ptr<BFloat16>(), dx.data_ptr<BFloat16>(),
+                 y.numel());
   return dx;
 }
 
