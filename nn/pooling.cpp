@@ -128,14 +128,16 @@ void max_pool_2x2_forward(const T* x, const PoolShape& s, T* y, int64_t* arg) {
     for (int64_t ox = 0; ox < s.ow; ++ox) {
       const T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
       const T m = yo[ox];
+      // Window position k (0..3 in row-major order) -> flat index within the plane.
+      auto flat = [&](int64_t k) { return (2 * oy + k / 2) * w + 2 * ox + k % 2; };
       // k = 0 if a is the maximum, else 1 if b is, else 2 if c is, else 3.
       const int64_t k = static_cast<int64_t>(a != m) *
                         (1 + static_cast<int64_t>(b != m) * (1 + static_cast<int64_t>(c != m)));
-      ao[ox] = (2 * oy + k / 2) * w + 2 * ox + k % 2;
+      ao[ox] = flat(k);
       if ((a != a) | (b != b) | (c != c) | (d != d)) {  // a NaN: the first one wins
         const int64_t n = a != a ? 0 : b != b ? 1 : c != c ? 2 : 3;
-        ao[ox] = (2 * oy + n / 2) * w + 2 * ox + n % 2;
-        yo[ox] = x[p * s.h * w + ao[ox]];
+        ao[ox] = flat(n);
+        yo[ox] = (n < 2 ? r0 : r1)[2 * ox + n % 2];
       }
     }
   }
