@@ -32,6 +32,19 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
 // Wraps existing memory without copying (the caller keeps it alive).
 Tensor from_blob(void* data, const Shape& shape, TensorOptions opts = {});
 
+// --- memory formats (Note [Channels last] in tensor/ops_create.cpp) ---------------------------
+// How a 4-D [N, C, H, W] tensor's elements lie in memory: Contiguous is row-major NCHW; ChannelsLast
+// is NHWC (strides [H*W*C, 1, W*C, C]): the C values of one pixel side by side. Both are dense;
+// the shape (and so every index) is the same, only the strides differ. Names as PyTorch's.
+enum class MemoryFormat { Contiguous, ChannelsLast };
+bool is_contiguous(const Tensor& t, MemoryFormat format);
+Tensor empty(const Shape& shape, TensorOptions opts, MemoryFormat format);
+// t itself when already in `format`, else a copy in it.
+Tensor contiguous(const Tensor& t, MemoryFormat format);
+// The format a result computed elementwise from t should take: ChannelsLast for a 4-D tensor laid
+// out channels-last (and not also row-major, as when C == 1), else Contiguous.
+MemoryFormat suggest_memory_format(const Tensor& t);
+
 // --- views (share storage) ----------------------------------------------------------------------
 Tensor view(const Tensor& t, const Shape& shape);     // needs compatible strides; -1 infers a dim
 Tensor reshape(const Tensor& t, const Shape& shape);  // a view when possible, else a copy

@@ -32,6 +32,13 @@ Tensor contiguous(const Tensor& t) {
   return t.is_contiguous() ? t : clone(t);
 }
 
+Tensor contiguous(const Tensor& t, MemoryFormat format) {
+  if (is_contiguous(t, format)) return t;
+  Tensor out = empty(t.shape(), t.options(), format);
+  copy_(out, t);
+  return out;
+}
+
 Tensor clone(const Tensor& t) {
   Tensor out = empty(t.shape(), t.options());
   copy_(out, t);

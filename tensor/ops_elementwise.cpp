@@ -52,7 +52,8 @@ Tensor unary_out(UnaryOp op, const Tensor& t, double a = 0, double b = 0) {
   DDP_CHECK(t.dtype() != kBool || kUnaryPredicate[i],
             kUnaryName[i] << ": not supported for bool tensors");
   Tensor in = to(t, compute_dtype(t.dtype(), kUnaryFloatOnly[i]));
-  Tensor out = empty(t.shape(), {kUnaryPredicate[i] ? kBool : in.dtype(), t.device()});
+  Tensor out = empty(t.shape(), {kUnaryPredicate[i] ? kBool : in.dtype(), t.device()},
+                     suggest_memory_format(t));
   backend_for(t.device()).unary(op, out, in, a, b);
   return out;
 }
@@ -64,6 +65,15 @@ void unary_inplace(UnaryOp op, const Tensor& t, double a = 0, double b = 0) {
   backend_for(t.device()).unary(op, t, t, a, b);
 }
 
+// A binary op's result is channels-last when an operand of the result's full shape is (and the
+// other is too, or is broadcast): then all operands walk as flat arrays (Note [Channels last]).
+MemoryFormat result_format(const Tensor& x, const Tensor& y) {
+  const MemoryFormat fx = suggest_memory_format(x), fy = suggest_memory_format(y);
+  if (x.shape() == y.shape()) return fx == fy ? fx : MemoryFormat::Contiguous;
+  if (x.numel() > y.numel()) return fx;
+  return y.numel() > x.numel() ? fy : MemoryFormat::Contiguous;
+}
+
 Tensor binary_out(BinaryOp op, const Tensor& x, const Tensor& y, double alpha = 1,
                   double beta = 0) {
   int i = static_cast<int>(op);
@@ -72,7 +82,7 @@ Tensor binary_out(BinaryOp op, const Tensor& x, const Tensor& y, double alpha = 
   DType dt = compute_dtype(promote_types(x.dtype(), y.dtype()), kBinaryFloatOnly[i]);
   if (dt == kBool) dt = kUInt8;  // arithmetic on bools computes in uint8
   Tensor xs = expand(to(x, dt), shape), ys = expand(to(y, dt), shape);
-  Tensor out = empty(shape, {kBinaryPredicate[i] ? kBool : dt, x.device()});
+  Tensor out = empty(shape, {kBinaryPredicate[i] ? kBool : dt, x.device()}, result_format(x, y));
   backend_for(x.device()).binary(op, out, xs, ys, alpha, beta);
   return out;
 }

@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -33,7 +34,16 @@ struct StridedSpace {
     int nd = static_cast<int>(shape0.size());
     DDP_CHECK(nd <= kMaxDims, "tensors of more than " << kMaxDims << " dims are not supported");
     for (int k = 0; k < N; ++k) base[k] = static_cast<char*>(ts[k]->raw_data());
-    for (int d = nd - 1; d >= 0; --d) {  // innermost first
+    // Walk the dims in the memory order of the first operand (the output), innermost first: for
+    // row-major tensors that is the last dim first; for a channels-last one it is C, W, H, N, so
+    // an NHWC output and NHWC inputs coalesce into one flat row (Note [Channels last]). Any order
+    // visits every element once, and each element's value does not depend on the order.
+    int order[kMaxDims];
+    for (int i = 0; i < nd; ++i) order[i] = nd - 1 - i;
+    const Shape& st0 = ts[0]->strides();
+    std::stable_sort(order, order + nd, [&st0](int a, int b) { return st0[a] < st0[b]; });
+    for (int i = 0; i < nd; ++i) {
+      const int d = order[i];
       int64_t size = shape0[d];
       numel *= size;
       if (size == 1) continue;

@@ -104,3 +104,46 @@ TEST_CASE("the caching host allocator reuses freed blocks") {
   a.empty_cache();
   CHECK(a.stats().reserved <= after.reserved - (int64_t{4} << 20));
 }
+
+TEST_CASE("channels-last: the format test, empty, contiguous both ways, and elementwise results") {
+  for (Device dev : test_devices()) {
+    const Shape shape{2, 3, 4, 5};
+    Tensor x = ops::reshape(ops::arange(0, 120, 1, dev), shape);
+    CHECK(ops::suggest_memory_format(x) == ops::MemoryFormat::Contiguous);
+    CHECK_FALSE(ops::is_contiguous(x, ops::MemoryFormat::ChannelsLast));
+
+    Tensor e = ops::empty(shape, {kFloat32, dev}, ops::MemoryFormat::ChannelsLast);
+    CHECK(e.shape() == shape);
+    CHECK(e.strides() == Shape{60, 1, 15, 3});  // pixel-major: the 3 channels side by side
+    CHECK(ops::suggest_memory_format(e) == ops::MemoryFormat::ChannelsLast);
+
+    // Same values at every index, other bytes in memory: NHWC lists channel 0, 1, 2 of pixel 0.
+    Tensor xl = ops::contiguous(x, ops::MemoryFormat::ChannelsLast);
+    CHECK(xl.to_vector<float>() == x.to_vector<float>());
+    const float* raw = static_cast<const float*>(ops::to(xl, kCPU).raw_data());
+    CHECK(std::vector<float>(raw, raw + 4) == std::vector<float>{0, 20, 40, 1});
+    CHECK(ops::contiguous(xl).is_contiguous());
+    CHECK(ops::contiguous(xl).to_vector<float>() == x.to_vector<float>());
+    // One channel or one pixel: both formats at once, and row-major wins.
+    CHECK(ops::suggest_memory_format(
+              ops::empty({2, 1, 4, 5}, {kFloat32, dev}, ops::MemoryFormat::ChannelsLast)) ==
+          ops::MemoryFormat::Contiguous);
+
+    // Elementwise results keep channels-last when their inputs have it (also against a
+    // per-channel [1, C, 1, 1] operand), and equal the row-major results.
+    Tensor scale = ops::reshape(ops::from_vector<float>({1, -2, 3}, {3}, dev), {1, 3, 1, 1});
+    Tensor sum = ops::add(xl, xl), prod = ops::mul(xl, scale), r = ops::relu(ops::neg(xl));
+    for (const Tensor* t : {&sum, &prod, &r})
+      CHECK(ops::suggest_memory_format(*t) == ops::MemoryFormat::ChannelsLast);
+    CHECK(sum.to_vector<float>() == ops::add(x, x).to_vector<float>());
+    CHECK(prod.to_vector<float>() == ops::mul(x, scale).to_vector<float>());
+    CHECK(r.to_vector<float>() == ops::relu(ops::neg(x)).to_vector<float>());
+    // Mixed formats give a row-major result, with the same values.
+    Tensor mixed = ops::sub(xl, x);
+    CHECK(mixed.is_contiguous());
+    CHECK(mixed.to_vector<float>() == std::vector<float>(120, 0.f));
+    // In place into a channels-last tensor from a row-major one.
+    ops::copy_(e, x);
+    CHECK(e.to_vector<float>() == x.to_vector<float>());
+  }
+}
