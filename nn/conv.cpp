@@ -252,10 +252,22 @@ onednn::Element element(const Tensor& t) {
   return t.dtype() == kBFloat16 ? onednn::Element::BFloat16 : onednn::Element::Float32;
 }
 
-// x_or_gx and y_or_gy: whichever of the pair the call has (they share their dtype).
+bool is_nhwc(const Tensor& t) {
+  return ops::suggest_memory_format(t) == ops::MemoryFormat::ChannelsLast;
+}
+
+// x_or_gx and y_or_gy: whichever of the pair the call has (they share their dtype and layout).
 template <onednn::Precision P>
 onednn::ConvTypes conv_types(const Tensor& x_or_gx, const Tensor& y_or_gy) {
-  return {P, element(x_or_gx), element(y_or_gy)};
+  return {P, element(x_or_gx), element(y_or_gy), is_nhwc(x_or_gx), is_nhwc(y_or_gy)};
+}
+
+// Channels-last where oneDNN's kernel writes NHWC anyway: then y needs no reorder on the way out,
+// nor gy on the way back in (and the layers in between keep the layout).
+template <onednn::Precision P>
+ops::MemoryFormat onednn_output_format(const Conv2dParams& p, const Tensor& x) {
+  return onednn::conv2d_output_nhwc(p, conv_types<P>(x, x)) ? ops::MemoryFormat::ChannelsLast
+                                                            : ops::MemoryFormat::Contiguous;
 }
 
 template <onednn::Precision P>
@@ -307,10 +319,12 @@ constexpr auto kF32 = onednn::Precision::Float32;
 constexpr auto kBF16 = onednn::Precision::BFloat16;
 constexpr ConvKernels kOneDnnKernels{"ConvolutionBackward(oneDNN)", onednn_forward<kF32>,
                                      onednn_backward_data<kF32>,    onednn_backward_weights<kF32>,
-                                     onednn_forward_keep<kF32>,     onednn_backward<kF32>};
+                                     onednn_forward_keep<kF32>,     onednn_backward<kF32>,
+                                     onednn_output_format<kF32>};
 constexpr ConvKernels kOneDnnBf16Kernels{
     "ConvolutionBackward(oneDNN bf16)", onednn_forward<kBF16>,      onednn_backward_data<kBF16>,
-    onednn_backward_weights<kBF16>,     onednn_forward_keep<kBF16>, onednn_backward<kBF16>};
+    onednn_backward_weights<kBF16>,     onednn_forward_keep<kBF16>, onednn_backward<kBF16>,
+    onednn_output_format<kBF16>};
 constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2d_forward,
                                      im2col_conv2d_backward_data, im2col_conv2d_backward_weights};
 
@@ -335,13 +349,20 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
                    Pair stride, Pair padding, Pair dilation, int64_t groups) {
   Conv2dParams p = check_conv2d_args(x_in, w_in, b_in, stride, padding, dilation, groups);
   const ConvKernels* kernels = &kernels_for(x_in, use_onednn);
-  // The kernels read plain row-major arrays: make the operands contiguous (a no-op usually).
-  Tensor x = ops::contiguous(x_in), w = ops::contiguous(w_in);
+  // The kernels read dense arrays: row-major, or channels-last for those that take it (a no-op
+  // usually). The output's format is the kernel's choice.
+  const bool takes_nhwc = kernels->output_format != nullptr;
+  const ops::MemoryFormat x_format =
+      takes_nhwc ? ops::suggest_memory_format(x_in) : ops::MemoryFormat::Contiguous;
+  Tensor x = ops::contiguous(x_in, x_format), w = ops::contiguous(w_in);
   Tensor b = b_in.defined() ? ops::contiguous(b_in) : Tensor();
   // Under autocast on the CPU the output stays bfloat16 for the layers after it (Note
   // [Autocast]); everywhere else it has the input's dtype.
   const DType y_dtype = kernels == &kOneDnnBf16Kernels ? kBFloat16 : x.dtype();
-  Tensor y = ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options().with_dtype(y_dtype));
+  const ops::MemoryFormat y_format =
+      takes_nhwc ? kernels->output_format(p, x) : ops::MemoryFormat::Contiguous;
+  Tensor y =
+      ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options().with_dtype(y_dtype), y_format);
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
   const bool record = autograd::needs_grad(inputs);
@@ -355,15 +376,16 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   if (!record) return y;
   return autograd::record(
       kernels->node_name, y, inputs, {x, w, kept},
-      [p, kernels, y_dtype](const Tensor& grad, const autograd::Saved& s,
-                            const autograd::Needs& needs) {
+      [p, kernels, y_dtype, x_format, y_format](const Tensor& grad, const autograd::Saved& s,
+                                                const autograd::Needs& needs) {
         const Tensor& x = s[0];
         const Tensor& w = s[1];
-        // The gradient has the output's dtype (it may arrive wider from a float32 consumer).
-        Tensor gy = ops::contiguous(ops::to(grad, y_dtype));
+        // The gradient has the output's dtype (it may arrive wider from a float32 consumer) and
+        // its format; gx gets x's.
+        Tensor gy = ops::contiguous(ops::to(grad, y_dtype), y_format);
         autograd::Grads g(needs.size());
         const bool want_bias = p.has_bias && needs[2];
-        if (needs[0]) g[0] = ops::empty(x.shape(), x.options());
+        if (needs[0]) g[0] = ops::empty(x.shape(), x.options(), x_format);
         if (needs[1]) {
           g[1] = ops::empty(w.shape(), w.options());
           // The weights pass also sums the bias gradient, saving a second pass over gy.

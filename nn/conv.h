@@ -6,6 +6,7 @@
 
 #include "nn/functional.h"
 #include "nn/onednn.h"
+#include "tensor/ops.h"
 
 namespace ddplab::nn::conv_detail {
 
@@ -50,6 +51,10 @@ struct ConvKernels {
   void (*backward)(const onednn::Conv2dParams& p, const Tensor& x, const Tensor& kept,
                    const Tensor& gy, const Tensor& w, const Tensor& gx, const Tensor& gw,
                    const Tensor& gb) = nullptr;
+  // Kernels that read and write channels-last activations as well as row-major ones set this; it
+  // says in which format they write y (Note [Channels last] in tensor/ops_create.cpp). Null: the
+  // kernels take row-major arrays only.
+  ops::MemoryFormat (*output_format)(const onednn::Conv2dParams& p, const Tensor& x) = nullptr;
 };
 
 // conv2d with a chosen kernel: `use_onednn` false forces the im2col path (float32 allowed).

@@ -101,12 +101,15 @@ DDP_CPU_CLONES void relu_grad_bf16(const BFloat16* dy, const BFloat16* y, BFloat
 // relu's gradient from its output y, in y's dtype (a float32 consumer of a bfloat16 activation
 // sends a float32 gradient). ops::relu_backward serves every dtype; bfloat16 on the CPU gets the
 // kernel above instead, since the generic loop converts each element to float and back.
+// dy is made dense in y's memory format, so both walk as flat arrays (Note [Channels last]).
 Tensor relu_grad(const Tensor& grad, const Tensor& y) {
-  Tensor dy = ops::contiguous(ops::to(grad, y.dtype()));
-  if (y.dtype() != kBFloat16 || y.is_cuda() || !y.is_contiguous() || dy.shape() != y.shape()) {
+  const ops::MemoryFormat format = ops::suggest_memory_format(y);
+  Tensor dy = ops::contiguous(ops::to(grad, y.dtype()), format);
+  if (y.dtype() != kBFloat16 || y.is_cuda() || !ops::is_contiguous(y, format) ||
+      dy.shape() != y.shape()) {
     return ops::relu_backward(dy, y);
   }
-  Tensor dx = ops::empty(y.shape(), y.options());
+  Tensor dx = ops::empty(y.shape(), y.options(), format);
   relu_grad_bf16(dy.data_ptr<BFloat16>(), y.data_ptr<BFloat16>(), dx.data_ptr<BFloat16>(),
                  y.numel());
   return dx;
@@ -147,8 +150,10 @@ Tensor add_relu(const Tensor& a, const Tensor& b) {
                        (a.dtype() == kFloat32 || a.dtype() == kFloat64 || a.dtype() == kBFloat16);
   if (!fusable)
     return functional::relu(a + b);  // broadcasting, promotion, other devices: the two ops
-  Tensor ac = ops::contiguous(a), bc = ops::contiguous(b);
-  Tensor y = ops::empty(a.shape(), a.options());
+  // One flat loop over dense arrays in a's memory format (b is copied into it if it differs).
+  const ops::MemoryFormat format = ops::suggest_memory_format(a);
+  Tensor ac = ops::contiguous(a, format), bc = ops::contiguous(b, format);
+  Tensor y = ops::empty(a.shape(), a.options(), format);
   DDP_NN_DISPATCH_BF16(a.dtype(), "add_relu",
                        add_relu_kernel(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
                                        y.data_ptr<scalar_t>(), a.numel()));

@@ -67,6 +67,16 @@ auto guarded(const Conv2dParams& p, const char* what, F&& f) -> decltype(f()) {
   }
 }
 
+// Whether layout `p` puts every element of an NHWC array `u` at the same byte: with 16 channels
+// (8 on AVX2) oneDNN's blocked nChw16c (nChw8c) is NHWC under another name. Then no reorder is
+// needed, only the primitive's name for the layout.
+bool same_bytes_as_nhwc(const memory::desc& u, const memory::desc& p) {
+  const memory::dims d = u.dims();
+  if (d.size() != 4 || u != memory::desc(d, u.data_type(), tag::nhwc)) return false;
+  return (d[1] == 16 && p == memory::desc(d, u.data_type(), tag::aBcd16b)) ||
+         (d[1] == 8 && p == memory::desc(d, u.data_type(), tag::aBcd8b));
+}
+
 // One argument of a primitive: the layout we hold (`user`), the layout the primitive wants
 // (`prim`) and, when they differ, the reorder between them (user -> prim for inputs,
 // prim -> user for outputs).
@@ -75,7 +85,9 @@ struct Arg {
   std::optional<dnnl::reorder> reorder;
   Arg() = default;
   Arg(const memory::desc& u, const memory::desc& p, bool is_input) : user(u), prim(p) {
-    if (u != p) {
+    if (same_bytes_as_nhwc(u, p)) {
+      user = p;
+    } else if (u != p) {
       reorder = is_input ? dnnl::reorder(dnnl::reorder::primitive_desc(engine(), u, engine(), p))
                          : dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p, engine(), u));
     }
@@ -268,8 +280,8 @@ struct ConvPrimitives {
     // exactly (it can be smaller than the left padding when the stride skips the last pixels).
     pad_r = {(oh - 1) * p.stride_h + p.dil_h * (p.kh - 1) + 1 - p.h - p.pad_h,
              (ow - 1) * p.stride_w + p.dil_w * (p.kw - 1) + 1 - p.w - p.pad_w};
-    x_plain = memory::desc({p.n, p.c, p.h, p.w}, x_type, tag::nchw);
-    y_plain = memory::desc({p.n, p.o, oh, ow}, y_type, tag::nchw);
+    x_plain = memory::desc({p.n, p.c, p.h, p.w}, x_type, types.x_nhwc ? tag::nhwc : tag::nchw);
+    y_plain = memory::desc({p.n, p.o, oh, ow}, y_type, types.y_nhwc ? tag::nhwc : tag::nchw);
     if (p.groups == 1) {
       w_plain = memory::desc({p.o, p.c, p.kh, p.kw}, dt::f32, tag::oihw);
     } else {
@@ -348,10 +360,12 @@ struct KeyHash {
                          p.kh,    p.kw,    p.stride_h, p.stride_w, p.pad_h,
                          p.pad_w, p.dil_h, p.dil_w,    p.groups,   p.has_bias ? 1 : 0};
     const ConvTypes& t = key.types;
-    size_t h = ((static_cast<size_t>(t.prec) * 2 + static_cast<size_t>(t.x)) * 2 +
-                static_cast<size_t>(t.y)) *
-                   2 +
-               (key.winograd ? 1 : 0);
+    size_t h = static_cast<size_t>(t.prec);
+    for (size_t bit :
+         {static_cast<size_t>(t.x), static_cast<size_t>(t.y), static_cast<size_t>(t.x_nhwc),
+          static_cast<size_t>(t.y_nhwc), static_cast<size_t>(key.winograd)}) {
+      h = h * 2 + bit;
+    }
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
     return h;
   }
@@ -390,6 +404,13 @@ std::string Conv2dParams::str() const {
      << "], padding [" << pad_h << ", " << pad_w << "], dilation [" << dil_h << ", " << dil_w
      << "], groups " << groups << (has_bias ? ", bias)" : ")");
   return os.str();
+}
+
+bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
+  // Asked of the primitives a channels-last y would use, so that a yes builds nothing extra.
+  types.y_nhwc = true;
+  const ConvPrimitives& cp = primitives_for(p, types);
+  return !cp.fwd_y.reorder;
 }
 
 size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types) {

@@ -5,8 +5,8 @@
 // tensors. So each convolution shape gets its primitives (forward, backward data, backward
 // weights, and the reorders between our plain NCHW tensors and oneDNN's blocked layouts) built
 // once, on first use, and kept in a table keyed by the shape (Conv2dParams) and the precision.
-// This header keeps dnnl.hpp out of the rest of ddplab: callers pass raw pointers to contiguous
-// NCHW data (float32, or bfloat16 activations under autocast: ConvTypes).
+// This header keeps dnnl.hpp out of the rest of ddplab: callers pass raw pointers to dense NCHW
+// or NHWC data (float32, or bfloat16 activations under autocast: ConvTypes).
 #pragma once
 
 #include <cstddef>
@@ -47,11 +47,17 @@ enum class Element { Float32, BFloat16 };
 // gradients are float32 arrays always (master weights). Under autocast the activations between
 // layers are bfloat16 (y = Element::BFloat16, and x too except for the first layer, which reads
 // the float32 images); bfloat16 arrays need Precision::BFloat16.
+//
+// And the layouts the caller holds them in: NCHW, or NHWC (channels-last, Note [Channels last] in
+// tensor/ops_create.cpp) where x_nhwc / y_nhwc say so (x with gx, y with gy).
 struct ConvTypes {
   Precision prec = Precision::Float32;
   Element x = Element::Float32;
   Element y = Element::Float32;
-  bool operator==(const ConvTypes& t) const { return prec == t.prec && x == t.x && y == t.y; }
+  bool x_nhwc = false, y_nhwc = false;
+  bool operator==(const ConvTypes& t) const {
+    return prec == t.prec && x == t.x && y == t.y && x_nhwc == t.x_nhwc && y_nhwc == t.y_nhwc;
+  }
 };
 
 // Which algorithm CPU convolutions use (Note [Winograd] in nn/onednn.cpp).
@@ -67,7 +73,13 @@ ConvAlgorithm conv_algorithm();
 // Whether a convolution of `p` with `types` runs Winograd's algorithm under the current setting.
 bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 
-// y = conv(x, w) + b. All pointers address contiguous NCHW / OIHW arrays: x and y of the types
+// Whether the forward kernel for `p` writes its output channels-last (NHWC): then a caller that
+// holds y (and so gy) in NHWC saves a reorder each way (Note [Channels last]). types.y_nhwc is
+// ignored.
+bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types = {});
+
+// y = conv(x, w) + b. All pointers address dense arrays, the activations laid out as `types`
+// says and w OIHW: x and y of the types
 // `types` gives, w and b float32; b may be null when !has_bias. x_saved (optional;
 // conv2d_saved_input_bytes(p) bytes) receives x in the layout the backward-weights primitive
 // reads, for conv2d_backward: forward reorders x into that layout anyway, so keeping the result

@@ -184,6 +184,51 @@ TEST_CASE(
   nn::onednn::set_conv_algorithm(before);
 }
 
+TEST_CASE("conv2d: channels-last in and out on the CPU, the same numbers as row-major") {
+  // Note [Channels last]: a convolution whose oneDNN kernel writes NHWC returns its output
+  // channels-last, and a channels-last input is read as it is. The kernels see the same data
+  // either way, so the results are bit for bit those of row-major tensors.
+  const ops::MemoryFormat kLast = ops::MemoryFormat::ChannelsLast;
+  const std::vector<ConvCfg> cfgs = {
+      {4, 16, 12, 12, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},  // NHWC kernels on AVX-512
+      {4, 3, 12, 12, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},   // stem: blocked nChw16c out
+      {4, 16, 12, 12, 32, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true},   // 16 in, 32 out
+      {4, 32, 8, 8, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},    // Winograd on AVX-512
+      {2, 4, 7, 7, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, true},       // groups
+  };
+  for (const ConvCfg& c : cfgs) {
+    CAPTURE(c.c);
+    CAPTURE(c.o);
+    Generator g(5);
+    Tensor x0 = ops::randn({c.n, c.c, c.h, c.w}, kFloat32, &g);
+    Tensor w0 = ops::randn({c.o, c.c / c.groups, c.kh, c.kw}, kFloat32, &g);
+    std::vector<std::vector<Tensor>> results;
+    Tensor gy;
+    for (bool last_in : {false, true}) {
+      Tensor x = ops::contiguous(x0, last_in ? kLast : ops::MemoryFormat::Contiguous);
+      x.set_requires_grad(true);
+      Tensor w = ops::clone(w0).set_requires_grad(true);
+      Tensor y = F::conv2d(x, w, Tensor(), c.stride, c.padding, c.dilation, c.groups);
+      nn::onednn::Conv2dParams p;
+      p.n = c.n, p.c = c.c, p.h = c.h, p.w = c.w, p.o = c.o, p.kh = c.kh, p.kw = c.kw;
+      p.stride_h = c.stride[0], p.stride_w = c.stride[1], p.pad_h = c.padding[0];
+      p.pad_w = c.padding[1], p.groups = c.groups;
+      // The output's format is the kernel's: channels-last exactly when it writes NHWC.
+      CHECK((ops::suggest_memory_format(y) == kLast) == nn::onednn::conv2d_output_nhwc(p));
+      if (!gy.defined()) gy = ops::randn(y.shape(), kFloat32, &g);
+      y.backward(gy);
+      results.push_back({y, x.grad(), w.grad()});
+    }
+    for (size_t i = 0; i < 3; ++i) CHECK(ops::max_abs_diff(results[0][i], results[1][i]) == 0);
+  }
+  // On AVX-512 the 16-channel layers run NHWC kernels: the case the format exists for.
+  if (nn::onednn::cpu_isa_name().rfind("avx512_core", 0) == 0) {
+    nn::onednn::Conv2dParams p;
+    p.n = 4, p.c = 16, p.h = 12, p.w = 12, p.o = 16, p.kh = 3, p.kw = 3, p.pad_h = 1, p.pad_w = 1;
+    CHECK(nn::onednn::conv2d_output_nhwc(p));
+  }
+}
+
 TEST_CASE("conv2d: oneDNN primitives are cached per shape") {
   Generator g(1);
   Tensor x = ops::randn({2, 8, 9, 9}, kFloat32, &g);
