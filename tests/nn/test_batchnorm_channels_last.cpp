@@ -208,3 +208,16 @@ TEST_CASE("sync_batch_norm without a group, channels-last: its steps keep the la
     }
   }
 }
+
+TEST_CASE("batch_norm channels-last: a view that starts inside its storage") {
+  Generator g(19);
+  Tensor whole =
+      ops::contiguous(ops::randn({5, 16, 6, 7}, kFloat64, &g), MemoryFormat::ChannelsLast);
+  Tensor x = ops::narrow(whole, 0, 2, 3);  // samples 2..4: channels-last, at an offset
+  REQUIRE(channels_last(x));
+  Tensor y = F::batch_norm_relu(x, Tensor(), Tensor(), Tensor(), Tensor(), true);
+  Tensor y_ref =
+      F::batch_norm_relu(ops::contiguous(x), Tensor(), Tensor(), Tensor(), Tensor(), true);
+  CHECK(channels_last(y));
+  CHECK(ops::max_rel_error(y, y_ref) <= 1e-12);
+}
