@@ -20,6 +20,7 @@
 // compute_t<T> (float for bfloat16, which is only a storage type here), and the statistics are
 // double whatever T is. So a bfloat16 batch norm is the float32 one applied to the bfloat16
 // values, each output rounded to bfloat16 once.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -94,9 +95,26 @@ DDP_CPU_CLONES void batch_moments(const T* x, const BnShape& d, double* mean, do
   }
 }
 
-// y = (x - mean) * invstd * weight + bias, as y = x * scale + shift per channel; with kRelu, also
-// y = max(y, 0) in the same pass (batch_norm_relu), the clamp written as ReluOp writes it so that
-// NaN stays NaN.
+// y = (x - mean) * invstd * weight + bias is computed as y = x * scale + shift, with channel c's
+// scale and shift taken in double and rounded to the arithmetic type P once.
+template <class P>
+void scale_shift(const double* mean, const double* invstd, const P* weight, const P* bias,
+                 int64_t c, P& sc, P& sh) {
+  const double g = weight ? static_cast<double>(weight[c]) : 1.0;
+  const double scale = g * invstd[c];
+  const double shift = (bias ? static_cast<double>(bias[c]) : 0.0) - mean[c] * scale;
+  sc = static_cast<P>(scale);
+  sh = static_cast<P>(shift);
+}
+
+// max(v, 0) for batch_norm_relu, the clamp written as ReluOp writes it so that NaN stays NaN.
+template <class P>
+inline P relu_clamp(P v) {
+  return v <= P(0) ? P(0) : v;
+}
+
+// y = x * scale + shift per channel; with kRelu, also y = relu_clamp(y) in the same pass
+// (batch_norm_relu).
 template <class T, bool kRelu = false>
 DDP_CPU_CLONES void normalize(const T* x, const BnShape& d, const double* mean,
                               const double* invstd, const compute_t<T>* weight,
@@ -104,17 +122,14 @@ DDP_CPU_CLONES void normalize(const T* x, const BnShape& d, const double* mean,
   using P = compute_t<T>;
 #pragma omp parallel for if (d.n * d.c * d.s > kParallelGrain)
   for (int64_t c = 0; c < d.c; ++c) {
-    const double g = weight ? static_cast<double>(weight[c]) : 1.0;
-    const double scale = g * invstd[c];
-    const double shift = (bias ? static_cast<double>(bias[c]) : 0.0) - mean[c] * scale;
-    const P sc = static_cast<P>(scale), sh = static_cast<P>(shift);
+    P sc, sh;
+    scale_shift(mean, invstd, weight, bias, c, sc, sh);
     for (int64_t n = 0; n < d.n; ++n) {
       const T* p = x + (n * d.c + c) * d.s;
       T* q = y + (n * d.c + c) * d.s;
       if constexpr (kRelu) {
         for (int64_t i = 0; i < d.s; ++i) {
-          const P v = static_cast<P>(p[i]) * sc + sh;
-          q[i] = static_cast<T>(v <= P(0) ? P(0) : v);
+          q[i] = static_cast<T>(relu_clamp(static_cast<P>(p[i]) * sc + sh));
         }
       } else {
         for (int64_t i = 0; i < d.s; ++i) q[i] = static_cast<T>(static_cast<P>(p[i]) * sc + sh);
@@ -250,6 +265,277 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
   }
 }
 
+// --- channels-last input ---------------------------------------------------------------------
+//
+// A channels-last x of shape [N, C, H, W] (Note [Channels last] in tensor/ops_create.cpp) is, in
+// memory, P = N*H*W pixels of C values each, a pixel's channels side by side. The loops above
+// would read it with a stride of C; the ones below walk memory in order instead and keep C sums,
+// one per channel, in double.
+//
+//  * Blocks. The pixels are cut into blocks of a fixed number of pixels, a few KB of x, so that a
+//    block is still in L1 cache when a second pass over it needs it. Each block's partial sums are
+//    computed on their own, in parallel, into the block's own slot; then one thread adds the
+//    blocks up in block order. The block boundaries depend on C and the dtype only, never on the
+//    number of threads, so every sum is taken in the same order on 1 thread or 16: same bits.
+//  * Lanes. Inside a block the sums are kept for K pixels at once ("lanes": acc[k*C + c] for
+//    pixel k of each group of K), so the inner loop runs over K*C consecutive values, each with
+//    its own accumulator: long enough for the vector unit, and no add waits for another. With
+//    only C accumulators, every pixel's adds would wait for the previous pixel's. At the end of
+//    the block the K lanes of each channel are added up (fold_lanes).
+//  * Variance. A block's mean is taken first, then its M2 = sum((x - block_mean)^2) in a second
+//    pass over the block, from L1. The blocks then merge exactly (Chan et al.'s formula for
+//    combining groups): M2 = sum_b M2_b + sum_b n_b * (mean_b - mean)^2, the spread of the block
+//    means around the overall mean being exactly the part that the blocks' own M2 leave out. Same
+//    accuracy as the two passes per row above, with one read of x from memory.
+//
+// Backward reads x and dy twice from memory here (once for the sums, once for dx), where the
+// loops above find a small channel still in cache the second time: the sums are over all pixels,
+// and every pixel holds every channel.
+
+// How a channels-last x is walked: p pixels of c channels, `lane` = K*c values per group of
+// lanes, blocks of `block` pixels (a multiple of K; the last block may be shorter).
+struct NhwcBlocks {
+  int64_t p, c, lane, block;
+  int64_t count() const { return (p + block - 1) / block; }
+  int64_t first_value(int64_t b) const { return b * block * c; }
+  int64_t pixels(int64_t b) const { return std::min(block, p - b * block); }
+  int64_t values(int64_t b) const { return pixels(b) * c; }
+};
+
+template <class T>
+NhwcBlocks nhwc_blocks(const BnShape& d) {
+  constexpr int64_t kLaneValues = 128;  // 16 AVX-512 registers of doubles
+  constexpr int64_t kBlockBytes = 16384;
+  const int64_t k = std::max<int64_t>(1, kLaneValues / d.c);
+  const int64_t groups = std::max<int64_t>(1, kBlockBytes / (k * d.c * int64_t{sizeof(T)}));
+  return {d.n * d.s, d.c, k * d.c, k * groups};
+}
+
+// A per-channel value repeated over the lanes: out[j] = v[j mod C].
+std::vector<double> over_lanes(const NhwcBlocks& blk, const std::vector<double>& v) {
+  std::vector<double> out(static_cast<size_t>(blk.lane));
+  for (int64_t j = 0; j < blk.lane; ++j) {
+    out[static_cast<size_t>(j)] = v[static_cast<size_t>(j % blk.c)];
+  }
+  return out;
+}
+
+// Calls body(i, j) for the values [0, n) of a block (n: whole pixels), i the value's offset and
+// j = i mod lane its lane. The inner loop carries nothing from one j to the next, so it
+// vectorizes; a block's last group may be shorter than a lane.
+template <class F>
+inline void for_lanes(int64_t n, int64_t lane, F body) {
+  for (int64_t i0 = 0; i0 < n; i0 += lane) {
+    const int64_t len = std::min(lane, n - i0);
+    for (int64_t j = 0; j < len; ++j) body(i0 + j, j);
+  }
+}
+
+// out[ch] = the sum of a block's lanes of channel ch, lane by lane in order.
+inline void fold_lanes(const double* acc, int64_t lane, int64_t c, double* out) {
+  std::fill(out, out + c, 0.0);
+  for (int64_t k = 0; k < lane; k += c) {
+    for (int64_t ch = 0; ch < c; ++ch) out[ch] += acc[k + ch];
+  }
+}
+
+// Whether the block loops are worth waking the thread pool for.
+bool parallel(const NhwcBlocks& blk) {
+  return blk.p * blk.c > kParallelGrain;
+}
+
+// batch_moments for channels-last x: each block's sum and M2 into part ([blocks][2][C]), then
+// the merge in block order.
+template <class T>
+DDP_CPU_CLONES void batch_moments_nhwc(const T* x, const BnShape& d, double* mean, double* m2) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  const int64_t c = d.c, lane = blk.lane;
+  std::vector<double> part(static_cast<size_t>(blk.count() * 2 * c));
+#pragma omp parallel if (parallel(blk))
+  {
+    // The lanes' sums, then the block's mean over the lanes and per channel.
+    std::vector<double> scratch(static_cast<size_t>(2 * lane + c));
+    double *acc = scratch.data(), *mu = acc + lane, *block_mean = mu + lane;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blk.count(); ++b) {
+      const T* xb = x + blk.first_value(b);
+      double* sum = &part[static_cast<size_t>(b * 2 * c)];
+      std::fill(acc, acc + lane, 0.0);
+      for_lanes(blk.values(b), lane,
+                [&](int64_t i, int64_t j) { acc[j] += static_cast<double>(xb[i]); });
+      fold_lanes(acc, lane, c, sum);
+      const double nb = static_cast<double>(blk.pixels(b));
+      for (int64_t ch = 0; ch < c; ++ch) block_mean[ch] = sum[ch] / nb;
+      for (int64_t j = 0; j < lane; ++j) mu[j] = block_mean[j % c];
+      std::fill(acc, acc + lane, 0.0);
+      for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
+        const double dx = static_cast<double>(xb[i]) - mu[j];
+        acc[j] += dx * dx;
+      });
+      fold_lanes(acc, lane, c, sum + c);
+    }
+  }
+  std::fill(mean, mean + c, 0.0);
+  std::fill(m2, m2 + c, 0.0);
+  for (int64_t b = 0; b < blk.count(); ++b) {
+    for (int64_t ch = 0; ch < c; ++ch) mean[ch] += part[static_cast<size_t>(b * 2 * c + ch)];
+  }
+  for (int64_t ch = 0; ch < c; ++ch) mean[ch] /= static_cast<double>(blk.p);
+  for (int64_t b = 0; b < blk.count(); ++b) {
+    const double nb = static_cast<double>(blk.pixels(b));
+    const double* sum = &part[static_cast<size_t>(b * 2 * c)];
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const double spread = sum[ch] / nb - mean[ch];
+      m2[ch] += sum[c + ch] + nb * spread * spread;
+    }
+  }
+}
+
+// normalize for channels-last x: the same scale and shift per channel, the same clamp.
+template <class T, bool kRelu = false>
+DDP_CPU_CLONES void normalize_nhwc(const T* x, const BnShape& d, const double* mean,
+                                   const double* invstd, const compute_t<T>* weight,
+                                   const compute_t<T>* bias, T* y) {
+  using P = compute_t<T>;
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  std::vector<P> sc(static_cast<size_t>(blk.lane)), sh(sc.size());
+  for (int64_t j = 0; j < blk.lane; ++j) {
+    scale_shift(mean, invstd, weight, bias, j % d.c, sc[static_cast<size_t>(j)],
+                sh[static_cast<size_t>(j)]);
+  }
+  const P *psc = sc.data(), *psh = sh.data();
+#pragma omp parallel for schedule(static) if (parallel(blk))
+  for (int64_t b = 0; b < blk.count(); ++b) {
+    const T* p = x + blk.first_value(b);
+    T* q = y + blk.first_value(b);
+    for_lanes(blk.values(b), blk.lane, [&](int64_t i, int64_t j) {
+      const P v = static_cast<P>(p[i]) * psc[j] + psh[j];
+      q[i] = static_cast<T>(kRelu ? relu_clamp(v) : v);
+    });
+  }
+}
+
+// grad_sums for channels-last x: sums = [sum_dy (C), sum_dy_xmu (C)], with dy masked by y > 0
+// when y (batch_norm_relu's output) is given, per block, then merged in block order.
+template <class T>
+DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in, const T* y, const BnShape& d,
+                                   const double* mean, double* sums) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  const int64_t c = d.c, lane = blk.lane;
+  const std::vector<double> mu = over_lanes(blk, std::vector<double>(mean, mean + c));
+  const double* pmu = mu.data();
+  std::vector<double> part(static_cast<size_t>(blk.count() * 2 * c));
+#pragma omp parallel if (parallel(blk))
+  {
+    GradRows<T> dy(dy_in, y, blk.block * c);
+    std::vector<double> scratch(static_cast<size_t>(2 * lane));
+    double *acc_dy = scratch.data(), *acc_dy_xmu = acc_dy + lane;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blk.count(); ++b) {
+      const T* px = x + blk.first_value(b);
+      const T* pg = dy.row(blk.first_value(b), blk.values(b));
+      std::fill(scratch.begin(), scratch.end(), 0.0);
+      for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
+        const double g = static_cast<double>(pg[i]);
+        acc_dy[j] += g;
+        acc_dy_xmu[j] += g * (static_cast<double>(px[i]) - pmu[j]);
+      });
+      double* out = &part[static_cast<size_t>(b * 2 * c)];
+      fold_lanes(acc_dy, lane, c, out);
+      fold_lanes(acc_dy_xmu, lane, c, out + c);
+    }
+  }
+  std::fill(sums, sums + 2 * c, 0.0);
+  for (int64_t b = 0; b < blk.count(); ++b) {
+    for (int64_t k = 0; k < 2 * c; ++k) sums[k] += part[static_cast<size_t>(b * 2 * c + k)];
+  }
+}
+
+// Training-mode dx for channels-last x from the sums over all pixels, as channel_input_grad:
+// dx = k * (dy - mean_dy - (x - mu) * proj), in double.
+template <class T>
+DDP_CPU_CLONES void input_grad_nhwc(const T* x, const T* dy_in, const T* y, const BnShape& d,
+                                    const double* mean, const double* invstd,
+                                    const compute_t<T>* weight, const double* sums, double count,
+                                    T* dx) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  const size_t c = static_cast<size_t>(d.c);
+  std::vector<double> k(c), mean_dy(c), proj(c), mu(mean, mean + c);
+  for (size_t ch = 0; ch < c; ++ch) {
+    const double g = weight ? static_cast<double>(weight[ch]) : 1.0, is = invstd[ch];
+    k[ch] = g * is;
+    mean_dy[ch] = sums[ch] / count;
+    proj[ch] = sums[c + ch] * is * is / count;
+  }
+  k = over_lanes(blk, k);
+  mean_dy = over_lanes(blk, mean_dy);
+  proj = over_lanes(blk, proj);
+  mu = over_lanes(blk, mu);
+  const double *pk = k.data(), *pmdy = mean_dy.data(), *pproj = proj.data(), *pmu = mu.data();
+#pragma omp parallel if (parallel(blk))
+  {
+    GradRows<T> dy(dy_in, y, blk.block * d.c);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blk.count(); ++b) {
+      const T* px = x + blk.first_value(b);
+      const T* pg = dy.row(blk.first_value(b), blk.values(b));
+      T* q = dx + blk.first_value(b);
+      for_lanes(blk.values(b), blk.lane, [&](int64_t i, int64_t j) {
+        const double g = static_cast<double>(pg[i]), xmu = static_cast<double>(px[i]) - pmu[j];
+        q[i] = static_cast<T>(pk[j] * (g - pmdy[j] - xmu * pproj[j]));
+      });
+    }
+  }
+}
+
+// Eval-mode dx for channels-last x: dy * weight * invstd (the statistics are constants).
+template <class T>
+DDP_CPU_CLONES void eval_input_grad_nhwc(const T* dy_in, const T* y, const BnShape& d,
+                                         const double* invstd, const compute_t<T>* weight, T* dx) {
+  using P = compute_t<T>;
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  std::vector<P> k(static_cast<size_t>(blk.lane));
+  for (int64_t j = 0; j < blk.lane; ++j) {
+    const int64_t ch = j % d.c;
+    k[static_cast<size_t>(j)] =
+        static_cast<P>((weight ? static_cast<double>(weight[ch]) : 1.0) * invstd[ch]);
+  }
+  const P* pk = k.data();
+#pragma omp parallel if (parallel(blk))
+  {
+    GradRows<T> dy(dy_in, y, blk.block * d.c);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blk.count(); ++b) {
+      const T* pg = dy.row(blk.first_value(b), blk.values(b));
+      T* q = dx + blk.first_value(b);
+      for_lanes(blk.values(b), blk.lane, [&](int64_t i, int64_t j) {
+        q[i] = static_cast<T>(static_cast<P>(pg[i]) * pk[j]);
+      });
+    }
+  }
+}
+
+// backward for channels-last x: the sums in one pass over x and dy, dx in a second.
+template <class T>
+void backward_nhwc(const T* x, const T* dy, const T* y, const BnShape& d, const double* mean,
+                   const double* invstd, const compute_t<T>* weight, bool training, T* dx,
+                   compute_t<T>* dweight, compute_t<T>* dbias) {
+  using P = compute_t<T>;
+  std::vector<double> sums(static_cast<size_t>(2 * d.c));
+  if (dweight || dbias || (dx && training)) grad_sums_nhwc(x, dy, y, d, mean, sums.data());
+  for (int64_t c = 0; c < d.c; ++c) {
+    if (dweight) dweight[c] = static_cast<P>(sums[static_cast<size_t>(d.c + c)] * invstd[c]);
+    if (dbias) dbias[c] = static_cast<P>(sums[static_cast<size_t>(c)]);
+  }
+  if (!dx) return;
+  if (training) {
+    input_grad_nhwc(x, dy, y, d, mean, invstd, weight, sums.data(), static_cast<double>(d.count()),
+                    dx);
+  } else {
+    eval_input_grad_nhwc(dy, y, d, invstd, weight, dx);
+  }
+}
+
 // The dtype of weight and bias (and their gradients) for input x: x's, except that bfloat16
 // activations take float32 ones (the master weights of autocast).
 DType param_dtype(const Tensor& x) {
@@ -318,11 +604,19 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   }
 #endif
 
-  Tensor x = ops::contiguous(x_in);
+  // A channels-last x stays so and runs the NHWC loops; anything else is made contiguous.
+  const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
+  const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
+  Tensor x = ops::contiguous(x_in, format);
   std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));
   if (use_batch_stats) {
-    DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm",
-                         batch_moments(x.data_ptr<scalar_t>(), d, mean.data(), var.data()));
+    DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm", {
+      if (nhwc) {
+        batch_moments_nhwc(x.data_ptr<scalar_t>(), d, mean.data(), var.data());
+      } else {
+        batch_moments(x.data_ptr<scalar_t>(), d, mean.data(), var.data());
+      }
+    });
     for (double& v : var) v /= static_cast<double>(d.count());  // M2 -> biased variance
   } else {
     mean = to_doubles(running_mean);
@@ -343,12 +637,18 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
     ops::copy_(running_var, ops::from_vector(rv, running_var.shape()));
   }
 
-  Tensor y = ops::empty(x.shape(), x.options());
+  Tensor y = ops::empty(x.shape(), x.options(), format);
   DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm", {
     using param_t = compute_t<scalar_t>;
     const param_t* w = weight.defined() ? weight.data_ptr<param_t>() : nullptr;
     const param_t* b = bias.defined() ? bias.data_ptr<param_t>() : nullptr;
-    if (fuse_relu) {
+    if (nhwc && fuse_relu) {
+      normalize_nhwc<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
+                                     y.data_ptr<scalar_t>());
+    } else if (nhwc) {
+      normalize_nhwc(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
+                     y.data_ptr<scalar_t>());
+    } else if (fuse_relu) {
       normalize<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
                                 y.data_ptr<scalar_t>());
     } else {
@@ -372,13 +672,13 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   return autograd::record(
       fuse_relu ? "NativeBatchNormReluBackward" : "NativeBatchNormBackward", y, inputs,
       std::move(saved),
-      [d, use_batch_stats, has_w, has_b, fuse_relu, iy](
+      [d, use_batch_stats, has_w, has_b, fuse_relu, iy, format, nhwc](
           const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
         // dy in the output's dtype, x's (a float32 consumer of a bfloat16 output sends float32).
-        Tensor dy = ops::contiguous(ops::to(grad, x.dtype()));
+        Tensor dy = ops::contiguous(ops::to(grad, x.dtype()), format);
         autograd::Grads g(needs.size());
-        Tensor dx = needs[0] ? ops::empty(x.shape(), x.options()) : Tensor();
+        Tensor dx = needs[0] ? ops::empty(x.shape(), x.options(), format) : Tensor();
         const size_t iw = 1, ib = has_w ? 2 : 1;
         const TensorOptions param_options = x.options().with_dtype(param_dtype(x));
         Tensor dw = has_w && needs[iw] ? ops::empty({d.c}, param_options) : Tensor();
@@ -387,12 +687,13 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
         const double* invstd = s[2].data_ptr<double>();
         DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm backward", {
           using param_t = compute_t<scalar_t>;
-          backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                   fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
-                   has_w ? s[3].data_ptr<param_t>() : nullptr, use_batch_stats,
-                   dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
-                   dw.defined() ? dw.data_ptr<param_t>() : nullptr,
-                   db.defined() ? db.data_ptr<param_t>() : nullptr);
+          auto* run = nhwc ? backward_nhwc<scalar_t> : backward<scalar_t>;
+          run(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+              fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
+              has_w ? s[3].data_ptr<param_t>() : nullptr, use_batch_stats,
+              dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
+              dw.defined() ? dw.data_ptr<param_t>() : nullptr,
+              db.defined() ? db.data_ptr<param_t>() : nullptr);
         });
         g[0] = dx;
         if (has_w) g[iw] = dw;
@@ -419,7 +720,8 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
 
 // --- the steps, for SyncBatchNorm (nn/batchnorm_kernels.h) --------------------------------------
 //
-// First in generic tensor ops (any device; what CUDA runs), then the CPU kernels.
+// First in generic tensor ops (any device; what CUDA runs), then the CPU kernels (the NHWC ones
+// for a channels-last x, whose results are channels-last too).
 
 namespace {
 
@@ -489,40 +791,53 @@ const T* data_or_null(const Tensor& t) {
 
 BatchNormMoments batch_norm_moments(const Tensor& x_in, bool generic) {
   if (generic || x_in.is_cuda()) return moments_generic(x_in);
-  Tensor x = ops::contiguous(x_in);
+  const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
+  const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
+  Tensor x = ops::contiguous(x_in, format);
   const BnShape d = bn_shape(x);
   DDP_CHECK(d.count() > 0, "batch_norm_moments: empty input " << shape_str(x.shape()));
   BatchNormMoments out{ops::empty({d.c}, kFloat64), ops::empty({d.c}, kFloat64)};
-  DDP_NN_DISPATCH(x.dtype(), "batch_norm_moments",
-                  batch_moments(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(),
-                                out.m2.data_ptr<double>()));
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_moments", {
+    auto* run = nhwc ? batch_moments_nhwc<scalar_t> : batch_moments<scalar_t>;
+    run(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(), out.m2.data_ptr<double>());
+  });
   return out;
 }
 
 Tensor batch_norm_normalize(const Tensor& x_in, const Tensor& mean, const Tensor& invstd,
                             const Tensor& weight_in, const Tensor& bias_in, bool generic) {
   if (generic || x_in.is_cuda()) return normalize_generic(x_in, mean, invstd, weight_in, bias_in);
-  Tensor x = ops::contiguous(x_in);
+  const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
+  const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
+  Tensor x = ops::contiguous(x_in, format);
   const BnShape d = bn_shape(x);
   Tensor weight = param_or_none(weight_in, x, d.c, "weight");
   Tensor bias = param_or_none(bias_in, x, d.c, "bias");
-  Tensor y = ops::empty(x.shape(), x.options());
-  DDP_NN_DISPATCH(x.dtype(), "batch_norm_normalize",
-                  normalize(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd),
-                            data_or_null<scalar_t>(weight), data_or_null<scalar_t>(bias),
-                            y.data_ptr<scalar_t>()));
+  Tensor y = ops::empty(x.shape(), x.options(), format);
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_normalize", {
+    auto* run = nhwc ? normalize_nhwc<scalar_t> : normalize<scalar_t>;
+    run(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd), data_or_null<scalar_t>(weight),
+        data_or_null<scalar_t>(bias), y.data_ptr<scalar_t>());
+  });
   return y;
 }
 
 Tensor batch_norm_grad_sums(const Tensor& x_in, const Tensor& dy_in, const Tensor& mean,
                             bool generic) {
   if (generic || x_in.is_cuda()) return grad_sums_generic(x_in, dy_in, mean);
-  Tensor x = ops::contiguous(x_in), dy = ops::contiguous(dy_in);
+  const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
+  const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
+  Tensor x = ops::contiguous(x_in, format), dy = ops::contiguous(dy_in, format);
   const BnShape d = bn_shape(x);
   Tensor sums = ops::empty({2 * d.c}, kFloat64);
-  DDP_NN_DISPATCH(x.dtype(), "batch_norm_grad_sums",
-                  grad_sums(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, doubles(mean),
-                            sums.data_ptr<double>()));
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_grad_sums", {
+    const scalar_t *px = x.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
+    if (nhwc) {
+      grad_sums_nhwc<scalar_t>(px, pdy, nullptr, d, doubles(mean), sums.data_ptr<double>());
+    } else {
+      grad_sums(px, pdy, d, doubles(mean), sums.data_ptr<double>());
+    }
+  });
   return sums;
 }
 
@@ -532,14 +847,23 @@ Tensor batch_norm_input_grad(const Tensor& x_in, const Tensor& dy_in, const Tens
   if (generic || x_in.is_cuda()) {
     return input_grad_generic(x_in, dy_in, mean, invstd, weight_in, sums, count);
   }
-  Tensor x = ops::contiguous(x_in), dy = ops::contiguous(dy_in);
+  const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
+  const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
+  Tensor x = ops::contiguous(x_in, format), dy = ops::contiguous(dy_in, format);
   const BnShape d = bn_shape(x);
   Tensor weight = param_or_none(weight_in, x, d.c, "weight");
-  Tensor dx = ops::empty(x.shape(), x.options());
-  DDP_NN_DISPATCH(
-      x.dtype(), "batch_norm_input_grad",
-      input_grad(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd),
-                 data_or_null<scalar_t>(weight), doubles(sums), count, dx.data_ptr<scalar_t>()));
+  Tensor dx = ops::empty(x.shape(), x.options(), format);
+  DDP_NN_DISPATCH(x.dtype(), "batch_norm_input_grad", {
+    const scalar_t *px = x.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
+    if (nhwc) {
+      input_grad_nhwc<scalar_t>(px, pdy, nullptr, d, doubles(mean), doubles(invstd),
+                                data_or_null<scalar_t>(weight), doubles(sums), count,
+                                dx.data_ptr<scalar_t>());
+    } else {
+      input_grad(px, pdy, d, doubles(mean), doubles(invstd), data_or_null<scalar_t>(weight),
+                 doubles(sums), count, dx.data_ptr<scalar_t>());
+    }
+  });
   return dx;
 }
 
