@@ -6,6 +6,11 @@
 // stays exact where the one-pass E[x^2] - E[x]^2 would cancel catastrophically. Channels are
 // independent, so the parallel loops run over channels.
 //
+// A channels-last input (Note [Channels last] in tensor/ops_create.cpp) runs loops of its own,
+// over the pixels in memory order ("channels-last input" below), with the same arithmetic per
+// value; its output and input gradient are channels-last too, so the convolutions around it read
+// and write NHWC without a reorder. Any other layout is made contiguous first.
+//
 // PyTorch's conventions, which we match exactly:
 //   * normalization uses the biased batch variance (divide by M = N*S);
 //   * running_var is updated with the unbiased one (divide by M - 1);
