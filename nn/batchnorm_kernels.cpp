@@ -6,6 +6,11 @@
 // stays exact where the one-pass E[x^2] - E[x]^2 would cancel catastrophically. Channels are
 // independent, so the parallel loops run over channels.
 //
+// A channels-last input (Note [Channels last] in tensor/ops_create.cpp) runs loops of its own,
+// over the pixels in memory order ("channels-last input" below), with the same arithmetic per
+// value; its output and input gradient are channels-last too, so the convolutions around it read
+// and write NHWC without a reorder. Any other layout is made contiguous first.
+//
 // PyTorch's conventions, which we match exactly:
 //   * normalization uses the biased batch variance (divide by M = N*S);
 //   * running_var is updated with the unbiased one (divide by M - 1);
@@ -22,6 +27,7 @@
 // values, each output rounded to bfloat16 once.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "nn/batchnorm_kernels.h"
@@ -391,6 +397,20 @@ DDP_CPU_CLONES void batch_moments_nhwc(const T* x, const BnShape& d, double* mea
   }
 }
 
+// normalize's scale and shift (scale_shift) over the lanes.
+template <class P>
+struct ScaleShiftLanes {
+  std::vector<P> sc, sh;
+  ScaleShiftLanes(const NhwcBlocks& blk, const double* mean, const double* invstd, const P* weight,
+                  const P* bias)
+      : sc(static_cast<size_t>(blk.lane)), sh(sc.size()) {
+    for (int64_t j = 0; j < blk.lane; ++j) {
+      scale_shift(mean, invstd, weight, bias, j % blk.c, sc[static_cast<size_t>(j)],
+                  sh[static_cast<size_t>(j)]);
+    }
+  }
+};
+
 // normalize for channels-last x: the same scale and shift per channel, the same clamp.
 template <class T, bool kRelu = false>
 DDP_CPU_CLONES void normalize_nhwc(const T* x, const BnShape& d, const double* mean,
@@ -398,12 +418,8 @@ DDP_CPU_CLONES void normalize_nhwc(const T* x, const BnShape& d, const double* m
                                    const compute_t<T>* bias, T* y) {
   using P = compute_t<T>;
   const NhwcBlocks blk = nhwc_blocks<T>(d);
-  std::vector<P> sc(static_cast<size_t>(blk.lane)), sh(sc.size());
-  for (int64_t j = 0; j < blk.lane; ++j) {
-    scale_shift(mean, invstd, weight, bias, j % d.c, sc[static_cast<size_t>(j)],
-                sh[static_cast<size_t>(j)]);
-  }
-  const P *psc = sc.data(), *psh = sh.data();
+  const ScaleShiftLanes<P> lanes(blk, mean, invstd, weight, bias);
+  const P *psc = lanes.sc.data(), *psh = lanes.sh.data();
 #pragma omp parallel for schedule(static) if (parallel(blk))
   for (int64_t b = 0; b < blk.count(); ++b) {
     const T* p = x + blk.first_value(b);
@@ -415,10 +431,45 @@ DDP_CPU_CLONES void normalize_nhwc(const T* x, const BnShape& d, const double* m
   }
 }
 
-// grad_sums for channels-last x: sums = [sum_dy (C), sum_dy_xmu (C)], with dy masked by y > 0
-// when y (batch_norm_relu's output) is given, per block, then merged in block order.
+// GradRows for channels-last x, one block at a time. For batch_norm_relu (relu given: normalize's
+// scale and shift), the mask y > 0 comes from y recomputed from x: the same operations on the same
+// values as normalize_nhwc, hence the same y bit for bit, without reading y. The backward then
+// streams two full tensors (x, dy) twice instead of three; with y, relu's backward was the one
+// case slower than the NCHW loops, which find a small channel's x, dy and y still in cache.
 template <class T>
-DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in, const T* y, const BnShape& d,
+class NhwcGradRows {
+  using P = compute_t<T>;
+
+ public:
+  NhwcGradRows(const T* dy, const T* x, const ScaleShiftLanes<P>* relu, const NhwcBlocks& blk)
+      : dy_(dy), x_(x), relu_(relu), lane_(blk.lane), buf_(relu ? blk.block * blk.c : 0) {}
+  // The block's gradient values, the block starting at value `offset` (n values).
+  const T* row(int64_t offset, int64_t n) {
+    if (relu_ == nullptr) return dy_ + offset;
+    const T *g = dy_ + offset, *px = x_ + offset;
+    const P *sc = relu_->sc.data(), *sh = relu_->sh.data();
+    T* out = buf_.data();
+    for_lanes(n, lane_, [&](int64_t i, int64_t j) {
+      const T y = static_cast<T>(relu_clamp(static_cast<P>(px[i]) * sc[j] + sh[j]));
+      const T gi = g[i];  // loaded whatever the sign, as in GradRows
+      out[i] = static_cast<P>(y) > P(0) ? gi : T(0);
+    });
+    return out;
+  }
+
+ private:
+  const T *dy_, *x_;
+  const ScaleShiftLanes<P>* relu_;
+  int64_t lane_;
+  std::vector<T> buf_;
+};
+
+// grad_sums for channels-last x: sums = [sum_dy (C), sum_dy_xmu (C)], with dy masked by
+// batch_norm_relu's output when relu is given (NhwcGradRows), per block, then merged in block
+// order.
+template <class T>
+DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in,
+                                   const ScaleShiftLanes<compute_t<T>>* relu, const BnShape& d,
                                    const double* mean, double* sums) {
   const NhwcBlocks blk = nhwc_blocks<T>(d);
   const int64_t c = d.c, lane = blk.lane;
@@ -427,7 +478,7 @@ DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in, const T* y, const
   std::vector<double> part(static_cast<size_t>(blk.count() * 2 * c));
 #pragma omp parallel if (parallel(blk))
   {
-    GradRows<T> dy(dy_in, y, blk.block * c);
+    NhwcGradRows<T> dy(dy_in, x, relu, blk);
     std::vector<double> scratch(static_cast<size_t>(2 * lane));
     double *acc_dy = scratch.data(), *acc_dy_xmu = acc_dy + lane;
 #pragma omp for schedule(static)
@@ -454,7 +505,8 @@ DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in, const T* y, const
 // Training-mode dx for channels-last x from the sums over all pixels, as channel_input_grad:
 // dx = k * (dy - mean_dy - (x - mu) * proj), in double.
 template <class T>
-DDP_CPU_CLONES void input_grad_nhwc(const T* x, const T* dy_in, const T* y, const BnShape& d,
+DDP_CPU_CLONES void input_grad_nhwc(const T* x, const T* dy_in,
+                                    const ScaleShiftLanes<compute_t<T>>* relu, const BnShape& d,
                                     const double* mean, const double* invstd,
                                     const compute_t<T>* weight, const double* sums, double count,
                                     T* dx) {
@@ -474,7 +526,7 @@ DDP_CPU_CLONES void input_grad_nhwc(const T* x, const T* dy_in, const T* y, cons
   const double *pk = k.data(), *pmdy = mean_dy.data(), *pproj = proj.data(), *pmu = mu.data();
 #pragma omp parallel if (parallel(blk))
   {
-    GradRows<T> dy(dy_in, y, blk.block * d.c);
+    NhwcGradRows<T> dy(dy_in, x, relu, blk);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blk.count(); ++b) {
       const T* px = x + blk.first_value(b);
@@ -490,8 +542,10 @@ DDP_CPU_CLONES void input_grad_nhwc(const T* x, const T* dy_in, const T* y, cons
 
 // Eval-mode dx for channels-last x: dy * weight * invstd (the statistics are constants).
 template <class T>
-DDP_CPU_CLONES void eval_input_grad_nhwc(const T* dy_in, const T* y, const BnShape& d,
-                                         const double* invstd, const compute_t<T>* weight, T* dx) {
+DDP_CPU_CLONES void eval_input_grad_nhwc(const T* x, const T* dy_in,
+                                         const ScaleShiftLanes<compute_t<T>>* relu,
+                                         const BnShape& d, const double* invstd,
+                                         const compute_t<T>* weight, T* dx) {
   using P = compute_t<T>;
   const NhwcBlocks blk = nhwc_blocks<T>(d);
   std::vector<P> k(static_cast<size_t>(blk.lane));
@@ -503,7 +557,7 @@ DDP_CPU_CLONES void eval_input_grad_nhwc(const T* dy_in, const T* y, const BnSha
   const P* pk = k.data();
 #pragma omp parallel if (parallel(blk))
   {
-    GradRows<T> dy(dy_in, y, blk.block * d.c);
+    NhwcGradRows<T> dy(dy_in, x, relu, blk);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blk.count(); ++b) {
       const T* pg = dy.row(blk.first_value(b), blk.values(b));
@@ -515,24 +569,30 @@ DDP_CPU_CLONES void eval_input_grad_nhwc(const T* dy_in, const T* y, const BnSha
   }
 }
 
-// backward for channels-last x: the sums in one pass over x and dy, dx in a second.
+// backward for channels-last x: the sums in one pass over x and dy, dx in a second. relu: for
+// batch_norm_relu, whose mask is recomputed from x with the forward's weight and bias (bias: may
+// be nullptr, as in the forward).
 template <class T>
-void backward_nhwc(const T* x, const T* dy, const T* y, const BnShape& d, const double* mean,
-                   const double* invstd, const compute_t<T>* weight, bool training, T* dx,
-                   compute_t<T>* dweight, compute_t<T>* dbias) {
+void backward_nhwc(const T* x, const T* dy, bool relu, const compute_t<T>* bias, const BnShape& d,
+                   const double* mean, const double* invstd, const compute_t<T>* weight,
+                   bool training, T* dx, compute_t<T>* dweight, compute_t<T>* dbias) {
   using P = compute_t<T>;
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  std::unique_ptr<ScaleShiftLanes<P>> lanes;
+  if (relu) lanes = std::make_unique<ScaleShiftLanes<P>>(blk, mean, invstd, weight, bias);
+  const ScaleShiftLanes<P>* r = lanes.get();
   std::vector<double> sums(static_cast<size_t>(2 * d.c));
-  if (dweight || dbias || (dx && training)) grad_sums_nhwc(x, dy, y, d, mean, sums.data());
+  if (dweight || dbias || (dx && training)) grad_sums_nhwc(x, dy, r, d, mean, sums.data());
   for (int64_t c = 0; c < d.c; ++c) {
     if (dweight) dweight[c] = static_cast<P>(sums[static_cast<size_t>(d.c + c)] * invstd[c]);
     if (dbias) dbias[c] = static_cast<P>(sums[static_cast<size_t>(c)]);
   }
   if (!dx) return;
   if (training) {
-    input_grad_nhwc(x, dy, y, d, mean, invstd, weight, sums.data(), static_cast<double>(d.count()),
+    input_grad_nhwc(x, dy, r, d, mean, invstd, weight, sums.data(), static_cast<double>(d.count()),
                     dx);
   } else {
-    eval_input_grad_nhwc(dy, y, d, invstd, weight, dx);
+    eval_input_grad_nhwc(x, dy, r, d, invstd, weight, dx);
   }
 }
 
@@ -667,8 +727,10 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   autograd::Saved saved{x, stats, stats_invstd};
   if (has_w) saved.push_back(weight);
   // The fused op's mask is its own output's sign (as relu's backward, which saves its output).
+  // For channels-last x, the backward recomputes the mask from x, with the bias (NhwcGradRows).
   const size_t iy = saved.size();
-  if (fuse_relu) saved.push_back(y);
+  if (fuse_relu && !nhwc) saved.push_back(y);
+  if (fuse_relu && nhwc && has_b) saved.push_back(bias);
   return autograd::record(
       fuse_relu ? "NativeBatchNormReluBackward" : "NativeBatchNormBackward", y, inputs,
       std::move(saved),
@@ -687,13 +749,19 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
         const double* invstd = s[2].data_ptr<double>();
         DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm backward", {
           using param_t = compute_t<scalar_t>;
-          auto* run = nhwc ? backward_nhwc<scalar_t> : backward<scalar_t>;
-          run(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-              fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd,
-              has_w ? s[3].data_ptr<param_t>() : nullptr, use_batch_stats,
-              dx.defined() ? dx.data_ptr<scalar_t>() : nullptr,
-              dw.defined() ? dw.data_ptr<param_t>() : nullptr,
-              db.defined() ? db.data_ptr<param_t>() : nullptr);
+          const param_t* w = has_w ? s[3].data_ptr<param_t>() : nullptr;
+          scalar_t* pdx = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
+          param_t* pdw = dw.defined() ? dw.data_ptr<param_t>() : nullptr;
+          param_t* pdb = db.defined() ? db.data_ptr<param_t>() : nullptr;
+          if (nhwc) {
+            const param_t* b = fuse_relu && has_b ? s[iy].data_ptr<param_t>() : nullptr;
+            backward_nhwc(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), fuse_relu, b, d, mean,
+                          invstd, w, use_batch_stats, pdx, pdw, pdb);
+          } else {
+            backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                     fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd, w,
+                     use_batch_stats, pdx, pdw, pdb);
+          }
         });
         g[0] = dx;
         if (has_w) g[iw] = dw;
