@@ -134,12 +134,18 @@ void finish_output(const Arg& a, memory prim, void* ptr) {
 // resnet20's first stage: its whole step took 2-4% less time (quiet machine, 2026-12-03,
 // interleaved, 1 and 2 threads, float32 and bfloat16; docs/benchmarks.md). Measured with
 // AVX-512 only, so only there: AVX2's blocked layout is nChw8c, not NHWC.
+//
+// In bfloat16 the same holds for wider layers: every direct convolution with >= 8 channels in and
+// out asks for NHWC. Its tensors then stay NHWC from one layer to the next (Note [Channels last]
+// in tensor/ops_create.cpp), so the 32- and 64-channel layers lose their four reorders per call
+// too; resnet20's bfloat16 step took 8-17% less time (3 interleaved rounds, 2 threads, session
+// 19). Float32's 32- and 64-channel layers run Winograd, which needs the blocked layout.
 // oneDNN's ISA values are masks, not an order: AVX-512 is every name starting avx512_core.
 bool isa_is_avx512() {
   return cpu_isa_name().rfind("avx512_core", 0) == 0;
 }
 
-memory::format_tag activation_tag(const Conv2dParams& p, bool winograd) {
+memory::format_tag activation_tag(const Conv2dParams& p, dt operand, bool winograd) {
   static const bool plain = [] {
     const char* v = std::getenv("DDPLAB_ONEDNN_PLAIN");
     return v != nullptr && v[0] == '1';
@@ -147,7 +153,8 @@ memory::format_tag activation_tag(const Conv2dParams& p, bool winograd) {
   static const bool avx512 = isa_is_avx512();
   if (plain) return tag::nchw;
   const bool narrow = p.c >= 8 && p.c <= 16 && p.o >= 8 && p.o <= 16;
-  return avx512 && narrow && !winograd ? tag::nhwc : tag::any;
+  const bool bf16_wide = operand == dt::bf16 && p.c >= 8 && p.o >= 8;
+  return avx512 && (narrow || bf16_wide) && !winograd ? tag::nhwc : tag::any;
 }
 
 // Note [Winograd]
@@ -290,8 +297,8 @@ struct ConvPrimitives {
     }
     b_plain = memory::desc({p.o}, dt::f32, tag::x);
 
-    memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag(p, winograd));
-    memory::desc y_any({p.n, p.o, oh, ow}, y_type, activation_tag(p, winograd));
+    memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag(p, operand, winograd));
+    memory::desc y_any({p.n, p.o, oh, ow}, y_type, activation_tag(p, operand, winograd));
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     memory::desc b_md = p.has_bias ? b_plain : memory::desc();
     fwd_pd = with_algorithm(
@@ -309,8 +316,8 @@ struct ConvPrimitives {
   }
 
   void build_backward_data() {
-    memory::desc gx_any(x_plain.dims(), x_type, activation_tag(p, winograd));
-    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, winograd));
+    memory::desc gx_any(x_plain.dims(), x_type, activation_tag(p, operand, winograd));
+    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, operand, winograd));
     memory::desc w_any(w_plain.dims(), operand, tag::any);
     auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
       dnnl::convolution_backward_data::desc d(a, gx_any, w_any, gy_any, strides, dilates, pad_l,
@@ -324,8 +331,8 @@ struct ConvPrimitives {
   }
 
   void build_backward_weights() {
-    memory::desc x_any(x_plain.dims(), operand, activation_tag(p, winograd));
-    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, winograd));
+    memory::desc x_any(x_plain.dims(), operand, activation_tag(p, operand, winograd));
+    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, operand, winograd));
     memory::desc gw_any(w_plain.dims(), dt::f32, tag::any);
     memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
     // The kernel fixes its thread count when it is built (Note [bf16 strided weight gradient]).
