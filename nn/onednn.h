@@ -74,7 +74,8 @@ ConvAlgorithm conv_algorithm();
 bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 
 // Whether the forward kernel for `p` writes its output channels-last (NHWC): then a caller that
-// holds y (and so gy) in NHWC saves a reorder each way (Note [Channels last]). types.y_nhwc is
+// holds y (and so gy) in NHWC saves a reorder each way (Note [Channels last]); and wherever x is
+// NHWC (types.x_nhwc), so that a channels-last network stays channels-last. types.y_nhwc is
 // ignored.
 bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types = {});
 

@@ -13,6 +13,7 @@
 #include "tensor/cpu/loops.h"
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/functors.h"
+#include "tensor/ops.h"
 #include "tensor/random.h"
 
 namespace ddplab::cpu {
@@ -89,6 +90,61 @@ void copy_loop(const Tensor& dst, const Tensor& src) {
         at<D>(p[0], i, s[0]) = static_cast<D>(static_cast<compute_t<S>>(at<S>(p[1], i, s[1])));
     }
   });
+}
+
+// Between row-major NCHW and channels-last NHWC (Note [Channels last] in tensor/ops_create.cpp)
+// each image is a matrix transpose: [C][H*W] <-> [H*W][C]. Element by element, one side is read or
+// written with a stride of C or H*W, which touches a new cache line per element; done in square
+// tiles, a tile's lines stay in L1 cache while both sides are walked. Same dtype only: the bytes
+// move unchanged. Returns false (nothing done) for any other pair of layouts.
+template <class E>
+void transpose_tiles(const E* src, E* dst, int64_t batch, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 32;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  const int64_t tiles = batch * row_tiles * col_tiles;
+#pragma omp parallel for schedule(static) if (batch * rows * cols > kParallelGrain)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b = t / (row_tiles * col_tiles);
+    const int64_t r0 = (t / col_tiles) % row_tiles * kTile, c0 = t % col_tiles * kTile;
+    const E* in = src + b * rows * cols;
+    E* out = dst + b * rows * cols;
+    const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) out[c * rows + r] = in[r * cols + c];
+    }
+  }
+}
+
+bool copy_between_formats(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.dim() != 4 || dst.shape() != src.shape()) return false;
+  const bool to_nchw =
+      dst.is_contiguous() && ops::suggest_memory_format(src) == ops::MemoryFormat::ChannelsLast;
+  const bool to_nhwc =
+      src.is_contiguous() && ops::suggest_memory_format(dst) == ops::MemoryFormat::ChannelsLast;
+  if (!to_nchw && !to_nhwc) return false;
+  const int64_t n = dst.size(0), c = dst.size(1), hw = dst.size(2) * dst.size(3);
+  // Source matrix per image: [H*W][C] when going to NCHW, [C][H*W] when going to NHWC.
+  const int64_t rows = to_nchw ? hw : c, cols = to_nchw ? c : hw;
+  switch (element_size(dst.dtype())) {
+    case 1:
+      transpose_tiles(static_cast<const uint8_t*>(src.raw_data()),
+                      static_cast<uint8_t*>(dst.raw_data()), n, rows, cols);
+      return true;
+    case 2:
+      transpose_tiles(static_cast<const uint16_t*>(src.raw_data()),
+                      static_cast<uint16_t*>(dst.raw_data()), n, rows, cols);
+      return true;
+    case 4:
+      transpose_tiles(static_cast<const uint32_t*>(src.raw_data()),
+                      static_cast<uint32_t*>(dst.raw_data()), n, rows, cols);
+      return true;
+    case 8:
+      transpose_tiles(static_cast<const uint64_t*>(src.raw_data()),
+                      static_cast<uint64_t*>(dst.raw_data()), n, rows, cols);
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Reduces one contiguous row with 8 independent accumulators: the compiler can keep them in one
@@ -264,6 +320,7 @@ class CpuBackend final : public Backend {
   }
 
   void copy(const Tensor& dst, const Tensor& src) override {
+    if (copy_between_formats(dst, src)) return;
     DDP_DISPATCH_ALL(dst.dtype(), "copy", {
       using dst_t = scalar_t;
       DDP_DISPATCH_ALL(src.dtype(), "copy", (copy_loop<dst_t, scalar_t>(dst, src)));

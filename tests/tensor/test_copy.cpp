@@ -147,3 +147,25 @@ TEST_CASE("channels-last: the format test, empty, contiguous both ways, and elem
     CHECK(e.to_vector<float>() == x.to_vector<float>());
   }
 }
+
+TEST_CASE(
+    "channels-last: conversions both ways across several tiles, for 2-, 4- and 8-byte types") {
+  // 40 channels by 63 pixels: the CPU's tiled transpose has full and partial tiles both ways.
+  const Shape shape{2, 40, 7, 9};
+  for (DType dt : {kBFloat16, kFloat32, kInt64}) {
+    CAPTURE(dtype_name(dt));
+    Tensor x = ops::to(ops::reshape(ops::arange(0, 2 * 40 * 63, 1), shape), dt);
+    Tensor xl = ops::contiguous(x, ops::MemoryFormat::ChannelsLast);
+    CHECK(ops::is_contiguous(xl, ops::MemoryFormat::ChannelsLast));
+    CHECK(ops::to(xl, kFloat64).to_vector<double>() == ops::to(x, kFloat64).to_vector<double>());
+    Tensor back = ops::contiguous(xl);
+    CHECK(back.is_contiguous());
+    CHECK(ops::max_abs_diff(ops::to(back, kFloat64), ops::to(x, kFloat64)) == 0);
+    // Element (n, c, h, w) of the NHWC bytes sits at ((n * 7 + h) * 9 + w) * 40 + c.
+    const std::vector<double> raw =
+        ops::to(ops::from_blob(xl.raw_data(), {2 * 40 * 63}, dt), kFloat64).to_vector<double>();
+    const std::vector<double> values = ops::to(x, kFloat64).to_vector<double>();
+    CHECK(raw[static_cast<size_t>(((1 * 7 + 3) * 9 + 4) * 40 + 17)] ==
+          values[static_cast<size_t>(((1 * 40 + 17) * 7 + 3) * 9 + 4)]);
+  }
+}
