@@ -262,8 +262,9 @@ onednn::ConvTypes conv_types(const Tensor& x_or_gx, const Tensor& y_or_gy) {
   return {P, element(x_or_gx), element(y_or_gy), is_nhwc(x_or_gx), is_nhwc(y_or_gy)};
 }
 
-// Channels-last where oneDNN's kernel writes NHWC anyway: then y needs no reorder on the way out,
-// nor gy on the way back in (and the layers in between keep the layout).
+// Channels-last where oneDNN's kernel writes NHWC anyway (then y needs no reorder on the way out,
+// nor gy on the way back in) or x is channels-last (a channels-last network stays so): the rule
+// of onednn::conv2d_output_nhwc, Note [Channels last].
 template <onednn::Precision P>
 ops::MemoryFormat onednn_output_format(const Conv2dParams& p, const Tensor& x) {
   return onednn::conv2d_output_nhwc(p, conv_types<P>(x, x)) ? ops::MemoryFormat::ChannelsLast

@@ -123,8 +123,8 @@ void finish_output(const Arg& a, memory prim, void* ptr) {
   a.reorder->execute(stream(), prim, user);
 }
 
-// Activations: plain NCHW is what we hold. `any` lets oneDNN pick its blocked layout (and pays
-// two reorders per call); measured on resnet20 shapes the blocked kernels win by more than the
+// Activations: NCHW or NHWC (channels-last) is what we hold. `any` lets oneDNN pick its blocked
+// layout (and pays two reorders per call); measured on resnet20 shapes the blocked kernels win by more than the
 // reorders cost. DDPLAB_ONEDNN_PLAIN=1 forces plain NCHW kernels (for comparison only).
 //
 // One exception: a direct convolution with 8 to 16 channels in and out asks for channels-last
