@@ -125,23 +125,22 @@ bool copy_between_formats(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.size(0), c = dst.size(1), hw = dst.size(2) * dst.size(3);
   // Source matrix per image: [H*W][C] when going to NCHW, [C][H*W] when going to NHWC.
   const int64_t rows = to_nchw ? hw : c, cols = to_nchw ? c : hw;
+  // The bytes move unchanged, so an unsigned integer of the element's size stands for any dtype.
+  const auto as = [&](auto zero) {
+    using E = decltype(zero);
+    transpose_tiles(static_cast<const E*>(src.raw_data()), static_cast<E*>(dst.raw_data()), n, rows,
+                    cols);
+    return true;
+  };
   switch (element_size(dst.dtype())) {
     case 1:
-      transpose_tiles(static_cast<const uint8_t*>(src.raw_data()),
-                      static_cast<uint8_t*>(dst.raw_data()), n, rows, cols);
-      return true;
+      return as(uint8_t{0});
     case 2:
-      transpose_tiles(static_cast<const uint16_t*>(src.raw_data()),
-                      static_cast<uint16_t*>(dst.raw_data()), n, rows, cols);
-      return true;
+      return as(uint16_t{0});
     case 4:
-      transpose_tiles(static_cast<const uint32_t*>(src.raw_data()),
-                      static_cast<uint32_t*>(dst.raw_data()), n, rows, cols);
-      return true;
+      return as(uint32_t{0});
     case 8:
-      transpose_tiles(static_cast<const uint64_t*>(src.raw_data()),
-                      static_cast<uint64_t*>(dst.raw_data()), n, rows, cols);
-      return true;
+      return as(uint64_t{0});
     default:
       return false;
   }
