@@ -252,14 +252,15 @@ onednn::Element element(const Tensor& t) {
   return t.dtype() == kBFloat16 ? onednn::Element::BFloat16 : onednn::Element::Float32;
 }
 
-bool is_nhwc(const Tensor& t) {
-  return ops::suggest_memory_format(t) == ops::MemoryFormat::ChannelsLast;
-}
-
-// x_or_gx and y_or_gy: whichever of the pair the call has (they share their dtype and layout).
+// x_or_gx: whichever of the pair the call has (they share their dtype and layout). y (and gy) is
+// bfloat16 exactly in bfloat16 precision (conv2d_with's y_dtype), in the layout
+// onednn::conv2d_output_nhwc gives.
 template <onednn::Precision P>
-onednn::ConvTypes conv_types(const Tensor& x_or_gx, const Tensor& y_or_gy) {
-  return {P, element(x_or_gx), element(y_or_gy), is_nhwc(x_or_gx), is_nhwc(y_or_gy)};
+onednn::ConvTypes conv_types(const Tensor& x_or_gx) {
+  constexpr onednn::Element y =
+      P == onednn::Precision::BFloat16 ? onednn::Element::BFloat16 : onednn::Element::Float32;
+  return {P, element(x_or_gx), y,
+          ops::suggest_memory_format(x_or_gx) == ops::MemoryFormat::ChannelsLast};
 }
 
 // Channels-last where oneDNN's kernel writes NHWC anyway (then y needs no reorder on the way out,
@@ -267,21 +268,21 @@ onednn::ConvTypes conv_types(const Tensor& x_or_gx, const Tensor& y_or_gy) {
 // of onednn::conv2d_output_nhwc, Note [Channels last].
 template <onednn::Precision P>
 ops::MemoryFormat onednn_output_format(const Conv2dParams& p, const Tensor& x) {
-  return onednn::conv2d_output_nhwc(p, conv_types<P>(x, x)) ? ops::MemoryFormat::ChannelsLast
-                                                            : ops::MemoryFormat::Contiguous;
+  return onednn::conv2d_output_nhwc(p, conv_types<P>(x)) ? ops::MemoryFormat::ChannelsLast
+                                                         : ops::MemoryFormat::Contiguous;
 }
 
 template <onednn::Precision P>
 void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                     const Tensor& y) {
   onednn::conv2d_forward(p, x.raw_data(), w.data_ptr<float>(), ptr_or_null<float>(b), y.raw_data(),
-                         conv_types<P>(x, y));
+                         conv_types<P>(x));
 }
 
 template <onednn::Precision P>
 Tensor onednn_forward_keep(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                            const Tensor& y) {
-  const onednn::ConvTypes types = conv_types<P>(x, y);
+  const onednn::ConvTypes types = conv_types<P>(x);
   const size_t bytes = onednn::conv2d_saved_input_bytes(p, types);
   // A float32 tensor only as a byte buffer: its contents are in oneDNN's layout (and, in
   // bfloat16 precision, bfloat16).
@@ -301,7 +302,7 @@ void onednn_backward(const Conv2dParams& p, const Tensor& x, const Tensor& kept,
                      const Tensor& w, const Tensor& gx, const Tensor& gw, const Tensor& gb) {
   onednn::conv2d_backward(p, raw_or_null(x), raw_or_null(kept), gy.raw_data(),
                           ptr_or_null<float>(w), raw_or_null(gx), ptr_or_null<float>(gw),
-                          ptr_or_null<float>(gb), conv_types<P>(x.defined() ? x : gx, gy));
+                          ptr_or_null<float>(gb), conv_types<P>(x.defined() ? x : gx));
 }
 
 template <onednn::Precision P>

@@ -73,7 +73,7 @@ auto guarded(const Conv2dParams& p, const char* what, F&& f) -> decltype(f()) {
 bool same_bytes_as_nhwc(const memory::desc& u, const memory::desc& p) {
   const memory::dims d = u.dims();
   if (d.size() != 4 || u != memory::desc(d, u.data_type(), tag::nhwc)) return false;
-  return (d[1] == 16 && p == memory::desc(d, u.data_type(), tag::aBcd16b)) ||
+  return p == u || (d[1] == 16 && p == memory::desc(d, u.data_type(), tag::aBcd16b)) ||
          (d[1] == 8 && p == memory::desc(d, u.data_type(), tag::aBcd8b));
 }
 
@@ -85,9 +85,9 @@ struct Arg {
   std::optional<dnnl::reorder> reorder;
   Arg() = default;
   Arg(const memory::desc& u, const memory::desc& p, bool is_input) : user(u), prim(p) {
-    if (same_bytes_as_nhwc(u, p)) {
+    if (u == p || same_bytes_as_nhwc(u, p)) {
       user = p;
-    } else if (u != p) {
+    } else {
       reorder = is_input ? dnnl::reorder(dnnl::reorder::primitive_desc(engine(), u, engine(), p))
                          : dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p, engine(), u));
     }
@@ -259,6 +259,7 @@ struct ConvPrimitives {
   dt x_type, y_type;          // x and gx, y and gy as the caller holds them
   bool winograd;              // asked for (winograd_pays)
   bool fwd_winograd = false;  // what forward got
+  bool y_nhwc = false;        // y and gy as the caller holds them: NHWC, else NCHW
   memory::dims strides, dilates, pad_l, pad_r;
   memory::desc x_plain, w_plain, b_plain, y_plain;
 
@@ -288,7 +289,6 @@ struct ConvPrimitives {
     pad_r = {(oh - 1) * p.stride_h + p.dil_h * (p.kh - 1) + 1 - p.h - p.pad_h,
              (ow - 1) * p.stride_w + p.dil_w * (p.kw - 1) + 1 - p.w - p.pad_w};
     x_plain = memory::desc({p.n, p.c, p.h, p.w}, x_type, types.x_nhwc ? tag::nhwc : tag::nchw);
-    y_plain = memory::desc({p.n, p.o, oh, ow}, y_type, types.y_nhwc ? tag::nhwc : tag::nchw);
     if (p.groups == 1) {
       w_plain = memory::desc({p.o, p.c, p.kh, p.kw}, dt::f32, tag::oihw);
     } else {
@@ -310,6 +310,10 @@ struct ConvPrimitives {
         },
         &fwd_winograd);
     fwd = dnnl::convolution_forward(fwd_pd);
+    // y's layout (conv2d_output_nhwc): NHWC where the kernel writes NHWC bytes or x is NHWC.
+    const memory::desc y_nhwc_desc({p.n, p.o, oh, ow}, y_type, tag::nhwc);
+    y_nhwc = types.x_nhwc || same_bytes_as_nhwc(y_nhwc_desc, fwd_pd.dst_desc());
+    y_plain = y_nhwc ? y_nhwc_desc : memory::desc({p.n, p.o, oh, ow}, y_type, tag::nchw);
     fwd_x = Arg(x_plain, fwd_pd.src_desc(), true);
     fwd_w = Arg(w_plain, fwd_pd.weights_desc(), true);
     fwd_y = Arg(y_plain, fwd_pd.dst_desc(), false);
@@ -368,9 +372,8 @@ struct KeyHash {
                          p.pad_w, p.dil_h, p.dil_w,    p.groups,   p.has_bias ? 1 : 0};
     const ConvTypes& t = key.types;
     size_t h = static_cast<size_t>(t.prec);
-    for (size_t bit :
-         {static_cast<size_t>(t.x), static_cast<size_t>(t.y), static_cast<size_t>(t.x_nhwc),
-          static_cast<size_t>(t.y_nhwc), static_cast<size_t>(key.winograd)}) {
+    for (size_t bit : {static_cast<size_t>(t.x), static_cast<size_t>(t.y),
+                       static_cast<size_t>(t.x_nhwc), static_cast<size_t>(key.winograd)}) {
       h = h * 2 + bit;
     }
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
@@ -414,17 +417,15 @@ std::string Conv2dParams::str() const {
 }
 
 bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
-  // Asked of the primitives a channels-last y would use, so that a yes builds nothing extra.
-  types.y_nhwc = true;
-  const ConvPrimitives& cp = primitives_for(p, types);
   // Where the kernel writes NHWC bytes, NHWC costs nothing. Elsewhere (Winograd's and the other
   // blocked layouts) y is reordered out either way, into NCHW or NHWC at about the same price,
   // and y follows x, as in PyTorch: once a network is channels-last it stays so, and batch norm's
   // NHWC loops are faster than its NCHW ones. resnet20 (channels-last from its first layer on),
   // float32, 2 threads, 6 interleaved rounds: median step 157 ms with every layer NHWC, 173 ms
   // with only the 16-channel ones (session 19). A network that starts NCHW stays NCHW until a
-  // layer writes NHWC bytes: the small CNN's pooling would pay a transpose each way.
-  return types.x_nhwc || !cp.fwd_y.reorder;
+  // layer writes NHWC bytes: the small CNN's pooling would pay a transpose each way. The rule is
+  // applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out y so.
+  return primitives_for(p, types).y_nhwc;
 }
 
 size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types) {

@@ -48,15 +48,16 @@ enum class Element { Float32, BFloat16 };
 // layers are bfloat16 (y = Element::BFloat16, and x too except for the first layer, which reads
 // the float32 images); bfloat16 arrays need Precision::BFloat16.
 //
-// And the layouts the caller holds them in: NCHW, or NHWC (channels-last, Note [Channels last] in
-// tensor/ops_create.cpp) where x_nhwc / y_nhwc say so (x with gx, y with gy).
+// And the layout the caller holds x (and gx) in: NCHW, or NHWC (channels-last, Note [Channels
+// last] in tensor/ops_create.cpp) where x_nhwc says so. y's (and gy's) layout follows from these
+// and the kernel: conv2d_output_nhwc.
 struct ConvTypes {
   Precision prec = Precision::Float32;
   Element x = Element::Float32;
   Element y = Element::Float32;
-  bool x_nhwc = false, y_nhwc = false;
+  bool x_nhwc = false;
   bool operator==(const ConvTypes& t) const {
-    return prec == t.prec && x == t.x && y == t.y && x_nhwc == t.x_nhwc && y_nhwc == t.y_nhwc;
+    return prec == t.prec && x == t.x && y == t.y && x_nhwc == t.x_nhwc;
   }
 };
 
@@ -73,14 +74,13 @@ ConvAlgorithm conv_algorithm();
 // Whether a convolution of `p` with `types` runs Winograd's algorithm under the current setting.
 bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 
-// Whether the forward kernel for `p` writes its output channels-last (NHWC): then a caller that
-// holds y (and so gy) in NHWC saves a reorder each way (Note [Channels last]); and wherever x is
-// NHWC (types.x_nhwc), so that a channels-last network stays channels-last. types.y_nhwc is
-// ignored.
+// Whether the calls below with `types` hold y (and gy) channels-last (NHWC), else NCHW: NHWC where
+// the forward kernel writes NHWC bytes, so that y needs no reorder out nor gy one in, and wherever
+// x is NHWC, so that a channels-last network stays channels-last (Note [Channels last]).
 bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types = {});
 
 // y = conv(x, w) + b. All pointers address dense arrays, the activations laid out as `types`
-// says and w OIHW: x and y of the types
+// and conv2d_output_nhwc say and w OIHW: x and y of the types
 // `types` gives, w and b float32; b may be null when !has_bias. x_saved (optional;
 // conv2d_saved_input_bytes(p) bytes) receives x in the layout the backward-weights primitive
 // reads, for conv2d_backward: forward reorders x into that layout anyway, so keeping the result
