@@ -29,7 +29,7 @@ void copy_(const Tensor& dst, const Tensor& src, bool non_blocking) {
 }
 
 Tensor contiguous(const Tensor& t) {
-  return t.is_contiguous() ? t : clone(t);
+  return contiguous(t, MemoryFormat::Contiguous);
 }
 
 Tensor contiguous(const Tensor& t, MemoryFormat format) {

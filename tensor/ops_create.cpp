@@ -25,11 +25,12 @@ Tensor empty(const Shape& shape, TensorOptions opts) {
 // of the tensor) on the way in and another on the way out, for every convolution, forward and
 // backward; on resnet20 that was a tenth of the step. So a CPU convolution whose kernel works in
 // NHWC returns its output in NHWC, as a tensor of the usual shape [N, C, H, W] whose strides say
-// where each element lies, and the ops that follow keep that layout: elementwise ops allocate
-// their result in their input's format (suggest_memory_format) and walk both as one flat array,
-// batch norm has NHWC loops, and the next convolution reads the NHWC array as it is. Anything
-// that needs row-major data calls contiguous() and gets a copy; nothing else changes for the
-// user, as with PyTorch's channels_last.
+// where each element lies, and so does one whose input is NHWC (the output follows the input, as
+// in PyTorch); the ops that follow keep that layout: elementwise ops allocate their result in
+// their input's format (suggest_memory_format) and walk both as one flat array, batch norm has
+// NHWC loops, and the next convolution reads the NHWC array as it is. Anything that needs
+// row-major data calls contiguous() and gets a copy (on the CPU a tiled transpose); nothing else
+// changes for the user, as with PyTorch's channels_last.
 bool is_contiguous(const Tensor& t, MemoryFormat format) {
   if (format == MemoryFormat::Contiguous) return t.is_contiguous();
   if (t.dim() != 4) return false;

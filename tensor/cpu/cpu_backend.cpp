@@ -95,8 +95,7 @@ void copy_loop(const Tensor& dst, const Tensor& src) {
 // Between row-major NCHW and channels-last NHWC (Note [Channels last] in tensor/ops_create.cpp)
 // each image is a matrix transpose: [C][H*W] <-> [H*W][C]. Element by element, one side is read or
 // written with a stride of C or H*W, which touches a new cache line per element; done in square
-// tiles, a tile's lines stay in L1 cache while both sides are walked. Same dtype only: the bytes
-// move unchanged. Returns false (nothing done) for any other pair of layouts.
+// tiles, a tile's lines stay in L1 cache while both sides are walked.
 template <class E>
 void transpose_tiles(const E* src, E* dst, int64_t batch, int64_t rows, int64_t cols) {
   constexpr int64_t kTile = 32;
@@ -115,6 +114,8 @@ void transpose_tiles(const E* src, E* dst, int64_t batch, int64_t rows, int64_t 
   }
 }
 
+// dst = src as that transpose when one is dense NCHW and the other dense NHWC, of one dtype (the
+// bytes move unchanged); returns false, doing nothing, for any other pair.
 bool copy_between_formats(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() != src.dtype() || dst.dim() != 4 || dst.shape() != src.shape()) return false;
   const bool to_nchw =
@@ -125,7 +126,7 @@ bool copy_between_formats(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.size(0), c = dst.size(1), hw = dst.size(2) * dst.size(3);
   // Source matrix per image: [H*W][C] when going to NCHW, [C][H*W] when going to NHWC.
   const int64_t rows = to_nchw ? hw : c, cols = to_nchw ? c : hw;
-  // The bytes move unchanged, so an unsigned integer of the element's size stands for any dtype.
+  // An unsigned integer of the element's size stands for any dtype.
   const auto as = [&](auto zero) {
     using E = decltype(zero);
     transpose_tiles(static_cast<const E*>(src.raw_data()), static_cast<E*>(dst.raw_data()), n, rows,
