@@ -63,26 +63,28 @@ double cpu_seconds(clockid_t clock) {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-int64_t flag(int argc, char** argv, const std::string& name, int64_t fallback) {
+// The word after `name` on the command line (after the mode), or null when the flag is absent.
+const char* flag_value(int argc, char** argv, const std::string& name) {
   for (int i = 2; i + 1 < argc; ++i) {
-    if (argv[i] == name) return std::atoll(argv[i + 1]);
+    if (argv[i] == name) return argv[i + 1];
   }
-  return fallback;
+  return nullptr;
+}
+
+int64_t flag(int argc, char** argv, const std::string& name, int64_t fallback) {
+  const char* v = flag_value(argc, argv, name);
+  return v != nullptr ? std::atoll(v) : fallback;
 }
 
 double double_flag(int argc, char** argv, const std::string& name, double fallback) {
-  for (int i = 2; i + 1 < argc; ++i) {
-    if (argv[i] == name) return std::atof(argv[i + 1]);
-  }
-  return fallback;
+  const char* v = flag_value(argc, argv, name);
+  return v != nullptr ? std::atof(v) : fallback;
 }
 
 std::string string_flag(int argc, char** argv, const std::string& name,
                         const std::string& fallback) {
-  for (int i = 2; i + 1 < argc; ++i) {
-    if (argv[i] == name) return argv[i + 1];
-  }
-  return fallback;
+  const char* v = flag_value(argc, argv, name);
+  return v != nullptr ? v : fallback;
 }
 
 // What a step mode trains, and how DDP communicates.
