@@ -67,9 +67,9 @@ auto guarded(const Conv2dParams& p, const char* what, F&& f) -> decltype(f()) {
   }
 }
 
-// Whether layout `p` puts every element of an NHWC array `u` at the same byte: with 16 channels
-// (8 on AVX2) oneDNN's blocked nChw16c (nChw8c) is NHWC under another name. Then no reorder is
-// needed, only the primitive's name for the layout.
+// Whether layout `p` puts every element of an NHWC array `u` at the same byte: NHWC itself, or,
+// with 16 channels (8 on AVX2), oneDNN's blocked nChw16c (nChw8c), NHWC under another name. Then
+// no reorder is needed, only the primitive's name for the layout.
 bool same_bytes_as_nhwc(const memory::desc& u, const memory::desc& p) {
   const memory::dims d = u.dims();
   if (d.size() != 4 || u != memory::desc(d, u.data_type(), tag::nhwc)) return false;
