@@ -7,9 +7,11 @@
 // independent, so the parallel loops run over channels.
 //
 // A channels-last input (Note [Channels last] in tensor/ops_create.cpp) runs loops of its own,
-// over the pixels in memory order ("channels-last input" below), with the same arithmetic per
-// value; its output and input gradient are channels-last too, so the convolutions around it read
-// and write NHWC without a reorder. Any other layout is made contiguous first.
+// over the pixels in memory order ("channels-last input" below). Their per-value arithmetic is in
+// the activation's compute type (float for float32), their sums in float within small blocks and
+// in double across them (see there for why, and how a mean far from zero stays accurate). The output
+// and input gradient are channels-last too, so the convolutions around them read and write NHWC
+// without a reorder. Any other layout is made contiguous first.
 //
 // PyTorch's conventions, which we match exactly:
 //   * normalization uses the biased batch variance (divide by M = N*S);
@@ -26,8 +28,10 @@
 // double whatever T is. So a bfloat16 batch norm is the float32 one applied to the bfloat16
 // values, each output rounded to bfloat16 once.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "nn/batchnorm_kernels.h"
@@ -276,27 +280,40 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
 // A channels-last x of shape [N, C, H, W] (Note [Channels last] in tensor/ops_create.cpp) is, in
 // memory, P = N*H*W pixels of C values each, a pixel's channels side by side. The loops above
 // would read it with a stride of C; the ones below walk memory in order instead and keep C sums,
-// one per channel, in double.
+// one per channel.
 //
 //  * Blocks. The pixels are cut into blocks of a fixed number of pixels, a few KB of x, so that a
 //    block is still in L1 cache when a second pass over it needs it. Each block's partial sums are
 //    computed on their own, in parallel, into the block's own slot; then one thread adds the
-//    blocks up in block order. The block boundaries depend on C and the dtype only, never on the
-//    number of threads, so every sum is taken in the same order on 1 thread or 16: same bits.
+//    blocks up in block order, in double. The block boundaries depend on C and the dtype only,
+//    never on the number of threads, so every sum is taken in the same order on 1 thread or 16:
+//    same bits.
 //  * Lanes. Inside a block the sums are kept for K pixels at once ("lanes": acc[k*C + c] for
 //    pixel k of each group of K), so the inner loop runs over K*C consecutive values, each with
 //    its own accumulator: long enough for the vector unit, and no add waits for another. With
 //    only C accumulators, every pixel's adds would wait for the previous pixel's. At the end of
-//    the block the K lanes of each channel are added up (fold_lanes).
+//    the block the K lanes of each channel are added up (fold_lanes). When C divides 128 (every
+//    layer of the ResNets), a group is exactly kLaneValues values and the loops are compiled for
+//    that width (the template argument L): a constant trip count and accumulators in a local
+//    array, which the compiler keeps in vector registers.
+//  * Precision. Within a block the lanes add in the arithmetic type P (float for float32 and
+//    bfloat16), at most a few dozen values each; the blocks are merged in double. Per-value
+//    float arithmetic halves the vector work of converting every value to double, which made
+//    these loops slower than memory. The sums around the mean are taken around the mean rounded
+//    to P and corrected exactly for the rounding (below), so nothing cancels.
 //  * Variance. A block's mean is taken first, then its M2 = sum((x - block_mean)^2) in a second
 //    pass over the block, from L1. The blocks then merge exactly (Chan et al.'s formula for
 //    combining groups): M2 = sum_b M2_b + sum_b n_b * (mean_b - mean)^2, the spread of the block
-//    means around the overall mean being exactly the part that the blocks' own M2 leave out. Same
-//    accuracy as the two passes per row above, with one read of x from memory.
+//    means around the overall mean being exactly the part that the blocks' own M2 leave out. One
+//    read of x from memory.
 //
 // Backward reads x and dy twice from memory here (once for the sums, once for dx), where the
 // loops above find a small channel still in cache the second time: the sums are over all pixels,
-// and every pixel holds every channel.
+// and every pixel holds every channel. For batch_norm_relu the mask y > 0 is recomputed from x
+// with the forward's own scale and shift (the same operations on the same values as
+// normalize_nhwc, hence the same mask bit for bit), so y is never read.
+
+constexpr int64_t kLaneValues = 128;  // 8 AVX-512 registers of floats
 
 // How a channels-last x is walked: p pixels of c channels, `lane` = K*c values per group of
 // lanes, blocks of `block` pixels (a multiple of K; the last block may be shorter).
@@ -310,38 +327,71 @@ struct NhwcBlocks {
 
 template <class T>
 NhwcBlocks nhwc_blocks(const BnShape& d) {
-  constexpr int64_t kLaneValues = 128;  // 16 AVX-512 registers of doubles
   constexpr int64_t kBlockBytes = 16384;
   const int64_t k = std::max<int64_t>(1, kLaneValues / d.c);
   const int64_t groups = std::max<int64_t>(1, kBlockBytes / (k * d.c * int64_t{sizeof(T)}));
   return {d.n * d.s, d.c, k * d.c, k * groups};
 }
 
-// A per-channel value repeated over the lanes: out[j] = v[j mod C].
-std::vector<double> over_lanes(const NhwcBlocks& blk, const std::vector<double>& v) {
-  std::vector<double> out(static_cast<size_t>(blk.lane));
-  for (int64_t j = 0; j < blk.lane; ++j) {
-    out[static_cast<size_t>(j)] = v[static_cast<size_t>(j % blk.c)];
+// Calls run(std::integral_constant<int64_t, L>) with L = kLaneValues when the lanes are that wide,
+// else with L = 0 (the width known only at run time).
+template <class F>
+void with_lane_width(const NhwcBlocks& blk, F run) {
+  if (blk.lane == kLaneValues) {
+    run(std::integral_constant<int64_t, kLaneValues>{});
+  } else {
+    run(std::integral_constant<int64_t, 0>{});
   }
+}
+
+// A lane's worth of values: on the stack when the width L is a constant, else on the heap.
+template <class P, int64_t L>
+class LaneArray {
+ public:
+  explicit LaneArray(int64_t /*lane*/) {}
+  P* data() { return a_.data(); }
+
+ private:
+  alignas(64) std::array<P, static_cast<size_t>(L)> a_{};
+};
+
+template <class P>
+class LaneArray<P, 0> {
+ public:
+  explicit LaneArray(int64_t lane) : v_(static_cast<size_t>(lane)) {}
+  P* data() { return v_.data(); }
+
+ private:
+  std::vector<P> v_;
+};
+
+// A per-channel value repeated over the lanes, in type P: out[j] = v[j mod C].
+template <class P, class V>
+std::vector<P> over_lanes(const NhwcBlocks& blk, const V* v) {
+  std::vector<P> out(static_cast<size_t>(blk.lane));
+  for (int64_t j = 0; j < blk.lane; ++j) out[static_cast<size_t>(j)] = static_cast<P>(v[j % blk.c]);
   return out;
 }
 
 // Calls body(i, j) for the values [0, n) of a block (n: whole pixels), i the value's offset and
-// j = i mod lane its lane. The inner loop carries nothing from one j to the next, so it
-// vectorizes; a block's last group may be shorter than a lane.
+// j = i mod lane its lane: whole groups first (a constant trip count when lane is one), then the
+// block's last, shorter group. The inner loops carry nothing from one j to the next, so they
+// vectorize.
 template <class F>
 inline void for_lanes(int64_t n, int64_t lane, F body) {
-  for (int64_t i0 = 0; i0 < n; i0 += lane) {
-    const int64_t len = std::min(lane, n - i0);
-    for (int64_t j = 0; j < len; ++j) body(i0 + j, j);
+  int64_t i0 = 0;
+  for (; i0 + lane <= n; i0 += lane) {
+    for (int64_t j = 0; j < lane; ++j) body(i0 + j, j);
   }
+  for (int64_t j = 0; i0 + j < n; ++j) body(i0 + j, j);
 }
 
-// out[ch] = the sum of a block's lanes of channel ch, lane by lane in order.
-inline void fold_lanes(const double* acc, int64_t lane, int64_t c, double* out) {
+// out[ch] = the sum of a block's lanes of channel ch, lane by lane in order, in double.
+template <class P>
+inline void fold_lanes(const P* acc, int64_t lane, int64_t c, double* out) {
   std::fill(out, out + c, 0.0);
   for (int64_t k = 0; k < lane; k += c) {
-    for (int64_t ch = 0; ch < c; ++ch) out[ch] += acc[k + ch];
+    for (int64_t ch = 0; ch < c; ++ch) out[ch] += static_cast<double>(acc[k + ch]);
   }
 }
 
@@ -352,33 +402,46 @@ bool parallel(const NhwcBlocks& blk) {
 
 // batch_moments for channels-last x: each block's sum and M2 into part ([blocks][2][C]), then
 // the merge in block order.
-template <class T>
-DDP_CPU_CLONES void batch_moments_nhwc(const T* x, const BnShape& d, double* mean, double* m2) {
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
-  const int64_t c = d.c, lane = blk.lane;
+template <class T, int64_t L>
+DDP_CPU_CLONES void moments_lanes(const T* x, const NhwcBlocks& blk, double* mean, double* m2) {
+  using P = compute_t<T>;
+  const int64_t c = blk.c, lane = L ? L : blk.lane;
   std::vector<double> part(static_cast<size_t>(blk.count() * 2 * c));
 #pragma omp parallel if (parallel(blk))
   {
-    // The lanes' sums, then the block's mean over the lanes and per channel.
-    std::vector<double> scratch(static_cast<size_t>(2 * lane + c));
-    double *acc = scratch.data(), *mu = acc + lane, *block_mean = mu + lane;
+    LaneArray<P, L> acc_lanes(lane), mu_lanes(lane);
+    P *acc = acc_lanes.data(), *mu = mu_lanes.data();
+    std::vector<double> block_mean(static_cast<size_t>(c));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blk.count(); ++b) {
       const T* xb = x + blk.first_value(b);
       double* sum = &part[static_cast<size_t>(b * 2 * c)];
-      std::fill(acc, acc + lane, 0.0);
-      for_lanes(blk.values(b), lane,
-                [&](int64_t i, int64_t j) { acc[j] += static_cast<double>(xb[i]); });
-      fold_lanes(acc, lane, c, sum);
       const double nb = static_cast<double>(blk.pixels(b));
-      for (int64_t ch = 0; ch < c; ++ch) block_mean[ch] = sum[ch] / nb;
-      for (int64_t j = 0; j < lane; ++j) mu[j] = block_mean[j % c];
-      std::fill(acc, acc + lane, 0.0);
+      // The sum is taken of x - ref, ref = the block's first pixel: values near the mean then
+      // add as small deviations, not as offsets that a float sum would round away.
+      for (int64_t j = 0; j < lane; ++j) mu[j] = static_cast<P>(xb[j % c]);
+      std::fill(acc, acc + lane, P(0));
+      for_lanes(blk.values(b), lane,
+                [&](int64_t i, int64_t j) { acc[j] += static_cast<P>(xb[i]) - mu[j]; });
+      fold_lanes(acc, lane, c, sum);
+      for (int64_t ch = 0; ch < c; ++ch) {
+        block_mean[static_cast<size_t>(ch)] = sum[ch] / nb + static_cast<double>(mu[ch]);
+        sum[ch] = block_mean[static_cast<size_t>(ch)] * nb;
+      }
+      for (int64_t j = 0; j < lane; ++j)
+        mu[j] = static_cast<P>(block_mean[static_cast<size_t>(j % c)]);
+      std::fill(acc, acc + lane, P(0));
       for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
-        const double dx = static_cast<double>(xb[i]) - mu[j];
+        const P dx = static_cast<P>(xb[i]) - mu[j];
         acc[j] += dx * dx;
       });
       fold_lanes(acc, lane, c, sum + c);
+      // The squares were taken around mu, the block mean rounded to P: sum((x - mu)^2) =
+      // M2_b + n_b * (mean_b - mu)^2, since the deviations from mean_b sum to zero.
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const double off = block_mean[static_cast<size_t>(ch)] - static_cast<double>(mu[ch]);
+        sum[c + ch] -= nb * off * off;
+      }
     }
   }
   std::fill(mean, mean + c, 0.0);
@@ -397,6 +460,12 @@ DDP_CPU_CLONES void batch_moments_nhwc(const T* x, const BnShape& d, double* mea
   }
 }
 
+template <class T>
+void batch_moments_nhwc(const T* x, const BnShape& d, double* mean, double* m2) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  with_lane_width(blk, [&](auto L) { moments_lanes<T, L.value>(x, blk, mean, m2); });
+}
+
 // normalize's scale and shift (scale_shift) over the lanes.
 template <class P>
 struct ScaleShiftLanes {
@@ -412,84 +481,85 @@ struct ScaleShiftLanes {
 };
 
 // normalize for channels-last x: the same scale and shift per channel, the same clamp.
-template <class T, bool kRelu = false>
-DDP_CPU_CLONES void normalize_nhwc(const T* x, const BnShape& d, const double* mean,
-                                   const double* invstd, const compute_t<T>* weight,
-                                   const compute_t<T>* bias, T* y) {
+template <class T, bool kRelu, int64_t L>
+DDP_CPU_CLONES void normalize_lanes(const T* x, const NhwcBlocks& blk,
+                                    const ScaleShiftLanes<compute_t<T>>& lanes, T* y) {
   using P = compute_t<T>;
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
-  const ScaleShiftLanes<P> lanes(blk, mean, invstd, weight, bias);
+  const int64_t lane = L ? L : blk.lane;
   const P *psc = lanes.sc.data(), *psh = lanes.sh.data();
 #pragma omp parallel for schedule(static) if (parallel(blk))
   for (int64_t b = 0; b < blk.count(); ++b) {
     const T* p = x + blk.first_value(b);
     T* q = y + blk.first_value(b);
-    for_lanes(blk.values(b), blk.lane, [&](int64_t i, int64_t j) {
+    for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
       const P v = static_cast<P>(p[i]) * psc[j] + psh[j];
       q[i] = static_cast<T>(kRelu ? relu_clamp(v) : v);
     });
   }
 }
 
-// GradRows for channels-last x, one block at a time. For batch_norm_relu (relu given: normalize's
-// scale and shift), the mask y > 0 comes from y recomputed from x: the same operations on the same
-// values as normalize_nhwc, hence the same y bit for bit, without reading y. The backward then
-// streams two full tensors (x, dy) twice instead of three; with y, relu's backward was the one
-// case slower than the NCHW loops, which find a small channel's x, dy and y still in cache.
-template <class T>
-class NhwcGradRows {
-  using P = compute_t<T>;
-
- public:
-  NhwcGradRows(const T* dy, const T* x, const ScaleShiftLanes<P>* relu, const NhwcBlocks& blk)
-      : dy_(dy), x_(x), relu_(relu), lane_(blk.lane), buf_(relu ? blk.block * blk.c : 0) {}
-  // The block's gradient values, the block starting at value `offset` (n values).
-  const T* row(int64_t offset, int64_t n) {
-    if (relu_ == nullptr) return dy_ + offset;
-    const T *g = dy_ + offset, *px = x_ + offset;
-    const P *sc = relu_->sc.data(), *sh = relu_->sh.data();
-    T* out = buf_.data();
-    for_lanes(n, lane_, [&](int64_t i, int64_t j) {
-      const T y = static_cast<T>(relu_clamp(static_cast<P>(px[i]) * sc[j] + sh[j]));
-      const T gi = g[i];  // loaded whatever the sign, as in GradRows
-      out[i] = static_cast<P>(y) > P(0) ? gi : T(0);
-    });
-    return out;
-  }
-
- private:
-  const T *dy_, *x_;
-  const ScaleShiftLanes<P>* relu_;
-  int64_t lane_;
-  std::vector<T> buf_;
-};
-
-// grad_sums for channels-last x: sums = [sum_dy (C), sum_dy_xmu (C)], with dy masked by
-// batch_norm_relu's output when relu is given (NhwcGradRows), per block, then merged in block
-// order.
-template <class T>
-DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in,
-                                   const ScaleShiftLanes<compute_t<T>>* relu, const BnShape& d,
-                                   const double* mean, double* sums) {
+template <class T, bool kRelu = false>
+void normalize_nhwc(const T* x, const BnShape& d, const double* mean, const double* invstd,
+                    const compute_t<T>* weight, const compute_t<T>* bias, T* y) {
   const NhwcBlocks blk = nhwc_blocks<T>(d);
-  const int64_t c = d.c, lane = blk.lane;
-  const std::vector<double> mu = over_lanes(blk, std::vector<double>(mean, mean + c));
-  const double* pmu = mu.data();
+  const ScaleShiftLanes<compute_t<T>> lanes(blk, mean, invstd, weight, bias);
+  with_lane_width(blk, [&](auto L) { normalize_lanes<T, kRelu, L.value>(x, blk, lanes, y); });
+}
+
+// dy as the backward sees it: for batch_norm_relu (relu: normalize's scale and shift over the
+// lanes) zero where the forward's output was not positive. The mask y > 0 is v > 0 for the same
+// v = x * scale + shift that normalize_nhwc clamped (NaN: neither), so no y is read.
+template <class T, bool kRelu>
+inline compute_t<T> masked_grad(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
+                                int64_t i, int64_t j) {
+  using P = compute_t<T>;
+  const P g = static_cast<P>(dy[i]);
+  if constexpr (kRelu) {
+    const P v =
+        static_cast<P>(x[i]) * relu->sc[static_cast<size_t>(j)] + relu->sh[static_cast<size_t>(j)];
+    return v > P(0) ? g : P(0);
+  }
+  return g;
+}
+
+// Calls run(L, kRelu) with the lane width as with_lane_width and kRelu = (relu != nullptr).
+template <class T, class F>
+void with_lanes_and_mask(const NhwcBlocks& blk, const ScaleShiftLanes<compute_t<T>>* relu, F run) {
+  with_lane_width(blk, [&](auto L) {
+    if (relu) {
+      run(L, std::true_type{});
+    } else {
+      run(L, std::false_type{});
+    }
+  });
+}
+
+// grad_sums for channels-last x: sums = [sum_dy (C), sum_dy_xmu (C)], per block, then merged in
+// block order. The products are taken around the mean rounded to P (mu) and corrected after the
+// merge: sum(dy * (x - mean)) = sum(dy * (x - mu)) + sum(dy) * (mu - mean).
+template <class T, bool kRelu, int64_t L>
+DDP_CPU_CLONES void grad_sums_lanes(const T* x, const T* dy,
+                                    const ScaleShiftLanes<compute_t<T>>* relu,
+                                    const NhwcBlocks& blk, const double* mean, double* sums) {
+  using P = compute_t<T>;
+  const int64_t c = blk.c, lane = L ? L : blk.lane;
+  const std::vector<P> mu = over_lanes<P>(blk, mean);
+  const P* pmu = mu.data();
   std::vector<double> part(static_cast<size_t>(blk.count() * 2 * c));
 #pragma omp parallel if (parallel(blk))
   {
-    NhwcGradRows<T> dy(dy_in, x, relu, blk);
-    std::vector<double> scratch(static_cast<size_t>(2 * lane));
-    double *acc_dy = scratch.data(), *acc_dy_xmu = acc_dy + lane;
+    LaneArray<P, L> dy_lanes(lane), dy_xmu_lanes(lane);
+    P *acc_dy = dy_lanes.data(), *acc_dy_xmu = dy_xmu_lanes.data();
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blk.count(); ++b) {
       const T* px = x + blk.first_value(b);
-      const T* pg = dy.row(blk.first_value(b), blk.values(b));
-      std::fill(scratch.begin(), scratch.end(), 0.0);
+      const T* pdy = dy + blk.first_value(b);
+      std::fill(acc_dy, acc_dy + lane, P(0));
+      std::fill(acc_dy_xmu, acc_dy_xmu + lane, P(0));
       for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
-        const double g = static_cast<double>(pg[i]);
+        const P g = masked_grad<T, kRelu>(px, pdy, relu, i, j);
         acc_dy[j] += g;
-        acc_dy_xmu[j] += g * (static_cast<double>(px[i]) - pmu[j]);
+        acc_dy_xmu[j] += g * (static_cast<P>(px[i]) - pmu[j]);
       });
       double* out = &part[static_cast<size_t>(b * 2 * c)];
       fold_lanes(acc_dy, lane, c, out);
@@ -500,73 +570,86 @@ DDP_CPU_CLONES void grad_sums_nhwc(const T* x, const T* dy_in,
   for (int64_t b = 0; b < blk.count(); ++b) {
     for (int64_t k = 0; k < 2 * c; ++k) sums[k] += part[static_cast<size_t>(b * 2 * c + k)];
   }
+  for (int64_t ch = 0; ch < c; ++ch) {
+    sums[c + ch] += sums[ch] * (static_cast<double>(pmu[ch]) - mean[ch]);
+  }
 }
 
-// Training-mode dx for channels-last x from the sums over all pixels, as channel_input_grad:
-// dx = k * (dy - mean_dy - (x - mu) * proj), in double.
 template <class T>
-DDP_CPU_CLONES void input_grad_nhwc(const T* x, const T* dy_in,
-                                    const ScaleShiftLanes<compute_t<T>>* relu, const BnShape& d,
-                                    const double* mean, const double* invstd,
-                                    const compute_t<T>* weight, const double* sums, double count,
-                                    T* dx) {
+void grad_sums_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
+                    const BnShape& d, const double* mean, double* sums) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  with_lanes_and_mask<T>(blk, relu, [&](auto L, auto relu_on) {
+    grad_sums_lanes<T, relu_on.value, L.value>(x, dy, relu, blk, mean, sums);
+  });
+}
+
+// dx for channels-last x. Training (kTraining), from the sums over all pixels, as
+// channel_input_grad: dx = k * (dy - mean_dy - (x - mean) * proj); eval: dx = k * dy (the
+// statistics are constants). f: k, and for training mean_dy, proj and the mean, over the lanes;
+// the per-channel factors are taken in double, the per-value arithmetic in P.
+template <class T, bool kRelu, bool kTraining, int64_t L>
+DDP_CPU_CLONES void input_grad_lanes(const T* x, const T* dy,
+                                     const ScaleShiftLanes<compute_t<T>>* relu,
+                                     const NhwcBlocks& blk, const std::vector<compute_t<T>>* f,
+                                     T* dx) {
+  using P = compute_t<T>;
+  const int64_t lane = L ? L : blk.lane;
+  const P* pk = f[0].data();
+  const P *pmdy = kTraining ? f[1].data() : nullptr, *pproj = kTraining ? f[2].data() : nullptr,
+          *pmu = kTraining ? f[3].data() : nullptr;
+#pragma omp parallel for schedule(static) if (parallel(blk))
+  for (int64_t b = 0; b < blk.count(); ++b) {
+    const T* px = x + blk.first_value(b);
+    const T* pdy = dy + blk.first_value(b);
+    T* q = dx + blk.first_value(b);
+    for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
+      const P g = masked_grad<T, kRelu>(px, pdy, relu, i, j);
+      if constexpr (kTraining) {
+        const P xmu = static_cast<P>(px[i]) - pmu[j];
+        q[i] = static_cast<T>(pk[j] * (g - pmdy[j] - xmu * pproj[j]));
+      } else {
+        q[i] = static_cast<T>(g * pk[j]);
+      }
+    });
+  }
+}
+
+template <class T>
+void input_grad_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
+                     const BnShape& d, const double* mean, const double* invstd,
+                     const compute_t<T>* weight, const double* sums, double count, T* dx) {
+  using P = compute_t<T>;
   const NhwcBlocks blk = nhwc_blocks<T>(d);
   const size_t c = static_cast<size_t>(d.c);
-  std::vector<double> k(c), mean_dy(c), proj(c), mu(mean, mean + c);
+  std::vector<double> k(c), mean_dy(c), proj(c);
   for (size_t ch = 0; ch < c; ++ch) {
     const double g = weight ? static_cast<double>(weight[ch]) : 1.0, is = invstd[ch];
     k[ch] = g * is;
     mean_dy[ch] = sums[ch] / count;
     proj[ch] = sums[c + ch] * is * is / count;
   }
-  k = over_lanes(blk, k);
-  mean_dy = over_lanes(blk, mean_dy);
-  proj = over_lanes(blk, proj);
-  mu = over_lanes(blk, mu);
-  const double *pk = k.data(), *pmdy = mean_dy.data(), *pproj = proj.data(), *pmu = mu.data();
-#pragma omp parallel if (parallel(blk))
-  {
-    NhwcGradRows<T> dy(dy_in, x, relu, blk);
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blk.count(); ++b) {
-      const T* px = x + blk.first_value(b);
-      const T* pg = dy.row(blk.first_value(b), blk.values(b));
-      T* q = dx + blk.first_value(b);
-      for_lanes(blk.values(b), blk.lane, [&](int64_t i, int64_t j) {
-        const double g = static_cast<double>(pg[i]), xmu = static_cast<double>(px[i]) - pmu[j];
-        q[i] = static_cast<T>(pk[j] * (g - pmdy[j] - xmu * pproj[j]));
-      });
-    }
-  }
+  const std::vector<P> f[4] = {over_lanes<P>(blk, k.data()), over_lanes<P>(blk, mean_dy.data()),
+                               over_lanes<P>(blk, proj.data()), over_lanes<P>(blk, mean)};
+  with_lanes_and_mask<T>(blk, relu, [&](auto L, auto relu_on) {
+    input_grad_lanes<T, relu_on.value, true, L.value>(x, dy, relu, blk, f, dx);
+  });
 }
 
-// Eval-mode dx for channels-last x: dy * weight * invstd (the statistics are constants).
 template <class T>
-DDP_CPU_CLONES void eval_input_grad_nhwc(const T* x, const T* dy_in,
-                                         const ScaleShiftLanes<compute_t<T>>* relu,
-                                         const BnShape& d, const double* invstd,
-                                         const compute_t<T>* weight, T* dx) {
+void eval_input_grad_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
+                          const BnShape& d, const double* invstd, const compute_t<T>* weight,
+                          T* dx) {
   using P = compute_t<T>;
   const NhwcBlocks blk = nhwc_blocks<T>(d);
-  std::vector<P> k(static_cast<size_t>(blk.lane));
-  for (int64_t j = 0; j < blk.lane; ++j) {
-    const int64_t ch = j % d.c;
-    k[static_cast<size_t>(j)] =
-        static_cast<P>((weight ? static_cast<double>(weight[ch]) : 1.0) * invstd[ch]);
+  std::vector<double> k(static_cast<size_t>(d.c));
+  for (int64_t ch = 0; ch < d.c; ++ch) {
+    k[static_cast<size_t>(ch)] = (weight ? static_cast<double>(weight[ch]) : 1.0) * invstd[ch];
   }
-  const P* pk = k.data();
-#pragma omp parallel if (parallel(blk))
-  {
-    NhwcGradRows<T> dy(dy_in, x, relu, blk);
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blk.count(); ++b) {
-      const T* pg = dy.row(blk.first_value(b), blk.values(b));
-      T* q = dx + blk.first_value(b);
-      for_lanes(blk.values(b), blk.lane, [&](int64_t i, int64_t j) {
-        q[i] = static_cast<T>(static_cast<P>(pg[i]) * pk[j]);
-      });
-    }
-  }
+  const std::vector<P> f[1] = {over_lanes<P>(blk, k.data())};
+  with_lanes_and_mask<T>(blk, relu, [&](auto L, auto relu_on) {
+    input_grad_lanes<T, relu_on.value, false, L.value>(x, dy, relu, blk, f, dx);
+  });
 }
 
 // backward for channels-last x: the sums in one pass over x and dy, dx in a second. relu: for

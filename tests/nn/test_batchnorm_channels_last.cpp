@@ -9,6 +9,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
+#include "nn/batchnorm_kernels.h"
 #include "nn/functional.h"
 #include "nn/sync_batchnorm.h"
 #include "tensor/ops.h"
@@ -64,12 +65,12 @@ const std::vector<Case> kCases{{false, true, true}, {true, true, true},    {fals
 const std::vector<Shape> kShapes{{6, 16, 9, 11}, {8, 3, 15, 13}, {3, 20, 10, 9}, {2, 200, 4, 5}};
 
 // Channels-last against contiguous: each result within `tol` of the largest value, and the
-// output and dx channels-last.
-void check_against_contiguous(DType dtype, double tol) {
+// output and dx channels-last. x has mean `offset` and standard deviation 2.
+void check_against_contiguous(DType dtype, double tol, double offset = 0.5) {
   Generator g(7);
   for (const Shape& s : kShapes) {
     const DType param = dtype == kBFloat16 ? kFloat32 : dtype;
-    Tensor x = ops::to(ops::add(ops::mul(ops::randn(s, kFloat64, &g), 2.0), 0.5), dtype);
+    Tensor x = ops::to(ops::add(ops::mul(ops::randn(s, kFloat64, &g), 2.0), offset), dtype);
     Tensor w = ops::to(ops::randn({s[1]}, kFloat64, &g), param);
     Tensor b = ops::to(ops::randn({s[1]}, kFloat64, &g), param);
     Tensor dy = ops::to(ops::randn(s, kFloat64, &g), dtype);
@@ -99,6 +100,34 @@ void check_against_contiguous(DType dtype, double tol) {
 
 TEST_CASE("batch_norm channels-last: float32 matches the contiguous input") {
   check_against_contiguous(kFloat32, 1e-6);
+}
+
+TEST_CASE("batch_norm channels-last: float32 statistics of values far from zero") {
+  // The NHWC loops add float32 values in float within a block (the contiguous loops in double).
+  // Far from zero a float sum of the values would round away their spread; the loops sum
+  // deviations instead (from a reference value, from the mean rounded to float) and correct for
+  // the rounding. Reference: the same float32 values' statistics in float64, in double.
+  Generator g(23);
+  struct Data {
+    double offset, stddev;
+  };
+  for (const Data& v : {Data{1000.0, 2.0}, Data{1e5, 0.5}}) {
+    for (const Shape& s : kShapes) {
+      CAPTURE(v.offset);
+      CAPTURE(shape_str(s));
+      Tensor x =
+          ops::to(ops::add(ops::mul(ops::randn(s, kFloat64, &g), v.stddev), v.offset), kFloat32);
+      Tensor dy = ops::to(ops::randn(s, kFloat64, &g), kFloat32);
+      const Tensor x64 = ops::to(x, kFloat64), dy64 = ops::to(dy, kFloat64);
+      const Tensor xl = ops::contiguous(x, MemoryFormat::ChannelsLast);
+      const Tensor dyl = ops::contiguous(dy, MemoryFormat::ChannelsLast);
+      const F::BatchNormMoments m = F::batch_norm_moments(xl), e = F::batch_norm_moments(x64);
+      CHECK(ops::max_rel_error(m.mean, e.mean) <= 1e-12);
+      CHECK(ops::max_rel_error(m.m2, e.m2) <= 1e-6);
+      const Tensor sums = F::batch_norm_grad_sums(xl, dyl, e.mean);
+      CHECK(ops::max_rel_error(sums, F::batch_norm_grad_sums(x64, dy64, e.mean)) <= 1e-6);
+    }
+  }
 }
 
 TEST_CASE("batch_norm channels-last: float64 matches the contiguous input") {
