@@ -373,6 +373,12 @@ std::vector<P> over_lanes(const NhwcBlocks& blk, const V* v) {
   return out;
 }
 
+// Copies a per-channel value at lanes[0, c) to the rest of the lanes (per block: no j mod c).
+template <class P>
+inline void repeat_over_lanes(P* lanes, int64_t c, int64_t lane) {
+  for (int64_t j = c; j < lane; ++j) lanes[j] = lanes[j - c];
+}
+
 // Calls body(i, j) for the values [0, n) of a block (n: whole pixels), i the value's offset and
 // j = i mod lane its lane: whole groups first (a constant trip count when lane is one), then the
 // block's last, shorter group. The inner loops carry nothing from one j to the next, so they
@@ -419,7 +425,8 @@ DDP_CPU_CLONES void moments_lanes(const T* x, const NhwcBlocks& blk, double* mea
       const double nb = static_cast<double>(blk.pixels(b));
       // The sum is taken of x - ref, ref = the block's first pixel: values near the mean then
       // add as small deviations, not as offsets that a float sum would round away.
-      for (int64_t j = 0; j < lane; ++j) mu[j] = static_cast<P>(xb[j % c]);
+      for (int64_t ch = 0; ch < c; ++ch) mu[ch] = static_cast<P>(xb[ch]);
+      repeat_over_lanes(mu, c, lane);
       std::fill(acc, acc + lane, P(0));
       for_lanes(blk.values(b), lane,
                 [&](int64_t i, int64_t j) { acc[j] += static_cast<P>(xb[i]) - mu[j]; });
@@ -428,8 +435,9 @@ DDP_CPU_CLONES void moments_lanes(const T* x, const NhwcBlocks& blk, double* mea
         block_mean[static_cast<size_t>(ch)] = sum[ch] / nb + static_cast<double>(mu[ch]);
         sum[ch] = block_mean[static_cast<size_t>(ch)] * nb;
       }
-      for (int64_t j = 0; j < lane; ++j)
-        mu[j] = static_cast<P>(block_mean[static_cast<size_t>(j % c)]);
+      for (int64_t ch = 0; ch < c; ++ch)
+        mu[ch] = static_cast<P>(block_mean[static_cast<size_t>(ch)]);
+      repeat_over_lanes(mu, c, lane);
       std::fill(acc, acc + lane, P(0));
       for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
         const P dx = static_cast<P>(xb[i]) - mu[j];

@@ -3,6 +3,7 @@
 
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/macros.h"
 
 // The float32 and float64 cases of the dispatch macros below (DDP_DTYPE_CASE: tensor/dtype.h).
 #define DDP_NN_FLOAT_CASES(...)               \
@@ -31,15 +32,3 @@
       DDP_FAIL(what << ": supports float32, float64 and bfloat16 on the CPU, got " \
                     << ::ddplab::dtype_name(dtype));                               \
   }
-
-// Marks a CPU kernel to be compiled twice: for the baseline the build targets (x86-64-v2: SSE4.2)
-// and for x86-64-v4 (AVX-512), the copy picked when the process starts on a CPU that has it (GCC's
-// target_clones: an ifunc chooses once). The kernels it marks spend their time in per-element
-// arithmetic that the compiler vectorizes: AVX-512 does 8 doubles or 16 floats per instruction
-// where SSE does 2 or 4. Both copies compute the same operations in the same order, and the build
-// forbids fusing a multiply and an add (-ffp-contract=off in meson.build), hence the same bits.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define DDP_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
-#else
-#define DDP_CPU_CLONES
-#endif
