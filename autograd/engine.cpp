@@ -62,11 +62,28 @@ struct TaskScope {
   ~TaskScope() { current_task = prev; }
 };
 
+// Whether `t` may be summed into in place: nothing but t itself sees its memory (no other
+// tensor, view or saved copy), and its elements are distinct and dense (an expanded view, such as
+// sum's gradient, repeats one element).
+bool writable_sum(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
+         ops::is_contiguous(t, ops::suggest_memory_format(t));
+}
+
 void add_into(std::vector<Tensor>& buffer, uint32_t slot, const Tensor& g) {
   if (buffer.size() <= slot) buffer.resize(slot + 1);
   Tensor& b = buffer[slot];
-  // Out of place: either operand may be a view that another node still reads.
-  b = b.defined() ? ops::add(b, g) : g;
+  if (!b.defined()) {
+    b = g;
+  } else if (writable_sum(b) && b.shape() == g.shape() && b.dtype() == g.dtype() &&
+             b.device() == g.device()) {
+    // In place, as PyTorch's InputBuffer does when no one else holds the sum so far: it saves
+    // a fresh buffer per sum (the residual networks sum a gradient at every block).
+    ops::add_(b, g);
+  } else {
+    // Out of place: either operand may be a view that another node still reads.
+    b = ops::add(b, g);
+  }
 }
 
 // Step 1: count dependencies of every node reachable from `roots` (iteratively: graphs of deep

@@ -19,6 +19,8 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   bool defined() const { return data_ != nullptr || nbytes_ == 0; }
+  // How many Storage objects (tensors and their views) share this memory.
+  long use_count() const { return data_.use_count(); }
 
  private:
   DataPtr data_;

@@ -281,6 +281,40 @@ TEST_CASE("the diamond runs each node once and sums") {
   CHECK(close(x.grad(), expect));
 }
 
+TEST_CASE("a gradient sums in place only where no other node still holds it") {
+  // s = p + q hands one gradient tensor g (dense: from s * 1) to both p's node and q's node. r = q * 5, created
+  // before s, runs before p's node and adds 5 into q's sum, which holds g so far: that sum must
+  // not write into g, which p's node has yet to read. The first sum starts from an expanded view
+  // (sum's gradient), which may never be written in place either. A sum whose first gradient
+  // no one else holds is written in place (the residual networks' case).
+  for (Device dev : test_devices()) {
+    CAPTURE(dev);
+    Tensor x = param({4}, 19, dev);
+    Tensor p = x * 3.0;
+    Tensor q = x * 4.0;
+    Tensor r = q * 5.0;
+    Tensor s = p + q;
+    (sum(s * 1.0) + sum(r)).backward();
+    // d/dx = 3 (through p) + 4 * (1 + 5) (through q)
+    CHECK(close(x.grad(), ops::full({4}, 27.0, TensorOptions(kFloat32, dev))));
+
+    // t's sum starts from a gradient that no one else holds but that is an expanded view of one
+    // element: v = t * 2, whose backward (valid for the uniform gradient of a sum) returns
+    // 2 * grad[0] repeated. u's gradient arrives after it.
+    Tensor y = param({4}, 20, dev);
+    Tensor t = y * 4.0;
+    Tensor u = t * 5.0;
+    Tensor v =
+        autograd::record("TimesTwoBackward", ops::mul(t, 2.0), {t}, {},
+                         [](const Tensor& grad, const autograd::Saved&, const autograd::Needs&) {
+                           Tensor first = ops::mul(ops::narrow(grad, 0, 0, 1), 2.0);
+                           return autograd::Grads{ops::expand(first, grad.shape())};
+                         });
+    (sum(u) + sum(v)).backward();
+    CHECK(close(y.grad(), ops::full({4}, 28.0, TensorOptions(kFloat32, dev))));
+  }
+}
+
 TEST_CASE("differentiable ops give the right gradient on every device") {
   for (Device dev : test_devices()) {
     INFO(dev.str());
