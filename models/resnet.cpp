@@ -25,13 +25,12 @@ BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, const n
   if (ds) register_module("downsample", downsample, ds);
 }
 
-// Each relu is fused into the op before it (batch norm, the residual add): the same numbers as
-// the separate calls, with fewer passes over memory (nn/functional.h).
+// Each relu is fused into the op before it (batch norm; the last batch norm with the residual
+// add): the same numbers as the separate calls, with fewer passes over memory (nn/functional.h).
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor out = bn1->forward_relu((*conv1)(x));
-  out = (*bn2)((*conv2)(out));
+  Tensor out = (*conv2)(bn1->forward_relu((*conv1)(x)));
   Tensor identity = downsample ? (*downsample)(x) : x;
-  return F::add_relu(out, identity);
+  return bn2->forward_add_relu(out, identity);
 }
 
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, const nn::ModulePtr& ds) {
@@ -47,9 +46,9 @@ Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, const n
 Tensor Bottleneck::forward(const Tensor& x) {
   Tensor out = bn1->forward_relu((*conv1)(x));
   out = bn2->forward_relu((*conv2)(out));
-  out = (*bn3)((*conv3)(out));
+  out = (*conv3)(out);
   Tensor identity = downsample ? (*downsample)(x) : x;
-  return F::add_relu(out, identity);
+  return bn3->forward_add_relu(out, identity);
 }
 
 ResNet::ResNet(const ResNetConfig& c) {

@@ -488,9 +488,12 @@ struct ScaleShiftLanes {
   }
 };
 
-// normalize for channels-last x: the same scale and shift per channel, the same clamp.
-template <class T, bool kRelu, int64_t L>
-DDP_CPU_CLONES void normalize_lanes(const T* x, const NhwcBlocks& blk,
+// normalize for channels-last x: the same scale and shift per channel, the same clamp. With a
+// residual r (batch_norm_add_relu): y = relu(normalized + r), rounded and clamped exactly as
+// add_relu does it after a separate batch_norm, without writing and reading back the normalized
+// tensor.
+template <class T, bool kRelu, bool kAdd, int64_t L>
+DDP_CPU_CLONES void normalize_lanes(const T* x, const T* residual, const NhwcBlocks& blk,
                                     const ScaleShiftLanes<compute_t<T>>& lanes, T* y) {
   using P = compute_t<T>;
   const int64_t lane = L ? L : blk.lane;
@@ -498,10 +501,19 @@ DDP_CPU_CLONES void normalize_lanes(const T* x, const NhwcBlocks& blk,
 #pragma omp parallel for schedule(static) if (parallel(blk))
   for (int64_t b = 0; b < blk.count(); ++b) {
     const T* p = x + blk.first_value(b);
+    const T* r = kAdd ? residual + blk.first_value(b) : nullptr;
     T* q = y + blk.first_value(b);
     for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
       const P v = static_cast<P>(p[i]) * psc[j] + psh[j];
-      q[i] = static_cast<T>(kRelu ? relu_clamp(v) : v);
+      if constexpr (kAdd) {
+        // The normalized value rounded to T, as batch_norm stores it; the sum rounded to T once,
+        // after the clamp, which is the same number (rounding keeps the sign; NaN stays NaN) and
+        // lets the loop vectorize.
+        const P sum = static_cast<P>(static_cast<T>(v)) + static_cast<P>(r[i]);
+        q[i] = static_cast<T>(relu_clamp(sum));
+      } else {
+        q[i] = static_cast<T>(kRelu ? relu_clamp(v) : v);
+      }
     });
   }
 }
@@ -511,7 +523,18 @@ void normalize_nhwc(const T* x, const BnShape& d, const double* mean, const doub
                     const compute_t<T>* weight, const compute_t<T>* bias, T* y) {
   const NhwcBlocks blk = nhwc_blocks<T>(d);
   const ScaleShiftLanes<compute_t<T>> lanes(blk, mean, invstd, weight, bias);
-  with_lane_width(blk, [&](auto L) { normalize_lanes<T, kRelu, L.value>(x, blk, lanes, y); });
+  with_lane_width(
+      blk, [&](auto L) { normalize_lanes<T, kRelu, false, L.value>(x, nullptr, blk, lanes, y); });
+}
+
+template <class T>
+void normalize_add_relu_nhwc(const T* x, const T* residual, const BnShape& d, const double* mean,
+                             const double* invstd, const compute_t<T>* weight,
+                             const compute_t<T>* bias, T* y) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  const ScaleShiftLanes<compute_t<T>> lanes(blk, mean, invstd, weight, bias);
+  with_lane_width(
+      blk, [&](auto L) { normalize_lanes<T, true, true, L.value>(x, residual, blk, lanes, y); });
 }
 
 // dy as the backward sees it: for batch_norm_relu (relu: normalize's scale and shift over the
@@ -713,10 +736,13 @@ std::vector<double> to_doubles(const Tensor& t) {
 }
 
 // batch_norm, and with fuse_relu batch_norm_relu: relu(batch_norm(...)) with the clamp in the
-// normalize pass and relu's backward folded into batch norm's (GradRows above).
+// normalize pass and relu's backward folded into batch norm's (GradRows above). With a residual
+// as well, batch_norm_add_relu: relu(batch_norm(...) + residual), x channels-last and the
+// residual of x's shape and dtype (the caller checks).
 Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight_in, const Tensor& bias_in, bool training,
-                       double momentum, double eps, bool fuse_relu) {
+                       double momentum, double eps, bool fuse_relu,
+                       const Tensor& residual_in = Tensor()) {
   DDP_CHECK(x_in.defined(), "batch_norm: input is undefined");
   DDP_CHECK(x_in.dim() == 2 || x_in.dim() == 4 || x_in.dim() == 3,
             "batch_norm: expected input [N, C], [N, C, L] or [N, C, H, W], got shape "
@@ -759,6 +785,8 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
   const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
   Tensor x = ops::contiguous(x_in, format);
+  const bool add = residual_in.defined();
+  const Tensor residual = add ? ops::contiguous(residual_in, format) : Tensor();
   std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));
   if (use_batch_stats) {
     DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm", {
@@ -793,7 +821,10 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
     using param_t = compute_t<scalar_t>;
     const param_t* w = weight.defined() ? weight.data_ptr<param_t>() : nullptr;
     const param_t* b = bias.defined() ? bias.data_ptr<param_t>() : nullptr;
-    if (nhwc && fuse_relu) {
+    if (add) {
+      normalize_add_relu_nhwc(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), d, mean.data(),
+                              invstd.data(), w, b, y.data_ptr<scalar_t>());
+    } else if (nhwc && fuse_relu) {
       normalize_nhwc<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
                                      y.data_ptr<scalar_t>());
     } else if (nhwc) {
@@ -811,6 +842,7 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   std::vector<Tensor> inputs{x_in};
   if (weight.defined()) inputs.push_back(weight_in);
   if (bias.defined()) inputs.push_back(bias_in);
+  if (add) inputs.push_back(residual_in);
   if (!autograd::needs_grad(inputs)) return y;
   Tensor stats = ops::from_vector(mean, {d.c}, kFloat64);
   Tensor stats_invstd = ops::from_vector(invstd, {d.c}, kFloat64);
@@ -818,18 +850,25 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   autograd::Saved saved{x, stats, stats_invstd};
   if (has_w) saved.push_back(weight);
   // The fused op's mask is its own output's sign (as relu's backward, which saves its output).
-  // For channels-last x, the backward recomputes the mask from x, with the bias (NhwcGradRows).
+  // For channels-last x, the backward recomputes the mask from x, with the bias (masked_grad),
+  // except with a residual, which the mask depends on too.
   const size_t iy = saved.size();
-  if (fuse_relu && !nhwc) saved.push_back(y);
-  if (fuse_relu && nhwc && has_b) saved.push_back(bias);
+  if (fuse_relu && (!nhwc || add)) saved.push_back(y);
+  if (fuse_relu && nhwc && !add && has_b) saved.push_back(bias);
+  const char* name = add         ? "NativeBatchNormAddReluBackward"
+                     : fuse_relu ? "NativeBatchNormReluBackward"
+                                 : "NativeBatchNormBackward";
   return autograd::record(
-      fuse_relu ? "NativeBatchNormReluBackward" : "NativeBatchNormBackward", y, inputs,
-      std::move(saved),
-      [d, use_batch_stats, has_w, has_b, fuse_relu, iy, format, nhwc](
+      name, y, inputs, std::move(saved),
+      [d, use_batch_stats, has_w, has_b, fuse_relu, add, iy, format, nhwc](
           const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
         const Tensor& x = s[0];
         // dy in the output's dtype, x's (a float32 consumer of a bfloat16 output sends float32).
         Tensor dy = ops::contiguous(ops::to(grad, x.dtype()), format);
+        // With a residual, relu's masked gradient is what both batch norm and the residual get
+        // (add_relu's backward), and batch norm's own backward is the plain one.
+        if (add) dy = ops::relu_backward(dy, s[iy]);
+        const bool relu_in_bn = fuse_relu && !add;
         autograd::Grads g(needs.size());
         Tensor dx = needs[0] ? ops::empty(x.shape(), x.options(), format) : Tensor();
         const size_t iw = 1, ib = has_w ? 2 : 1;
@@ -845,18 +884,19 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
           param_t* pdw = dw.defined() ? dw.data_ptr<param_t>() : nullptr;
           param_t* pdb = db.defined() ? db.data_ptr<param_t>() : nullptr;
           if (nhwc) {
-            const param_t* b = fuse_relu && has_b ? s[iy].data_ptr<param_t>() : nullptr;
-            backward_nhwc(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), fuse_relu, b, d, mean,
+            const param_t* b = relu_in_bn && has_b ? s[iy].data_ptr<param_t>() : nullptr;
+            backward_nhwc(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), relu_in_bn, b, d, mean,
                           invstd, w, use_batch_stats, pdx, pdw, pdb);
           } else {
             backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                     fuse_relu ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd, w,
+                     relu_in_bn ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd, w,
                      use_batch_stats, pdx, pdw, pdb);
           }
         });
         g[0] = dx;
         if (has_w) g[iw] = dw;
         if (has_b) g[ib] = db;
+        if (add) g[ib + (has_b ? 1 : 0)] = dy;
         return g;
       });
 }
@@ -875,6 +915,24 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
                        double eps) {
   return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
                          /*fuse_relu=*/true);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                           bool training, double momentum, double eps) {
+  DDP_CHECK(x.defined() && residual.defined(),
+            "batch_norm_add_relu: input and residual must be defined");
+  // One pass for what the NHWC loops serve; anything else takes the separate calls.
+  const bool fusable = !x.is_cuda() && x.dim() == 4 && residual.shape() == x.shape() &&
+                       residual.dtype() == x.dtype() && residual.device() == x.device() &&
+                       ops::suggest_memory_format(x) == ops::MemoryFormat::ChannelsLast &&
+                       (x.dtype() == kFloat32 || x.dtype() == kFloat64 || x.dtype() == kBFloat16);
+  if (!fusable) {
+    return add_relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps),
+                    residual);
+  }
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                         /*fuse_relu=*/true, residual);
 }
 
 // --- the steps, for SyncBatchNorm (nn/batchnorm_kernels.h) --------------------------------------

@@ -42,6 +42,13 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
                        const Tensor& weight, const Tensor& bias, bool training,
                        double momentum = 0.1, double eps = 1e-5);
 
+// relu(batch_norm(x, ...) + residual), the end of a residual block, bit for bit the separate
+// calls. A channels-last x (with a residual of its shape and dtype) runs one pass over memory
+// forward instead of two; the backward is the two calls' backward. Anything else takes the calls.
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                           bool training, double momentum = 0.1, double eps = 1e-5);
+
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0});
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride = {0, 0}, Pair padding = {0, 0});
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);

@@ -164,7 +164,12 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   return forward_impl(x, /*fuse_relu=*/true);
 }
 
-Tensor BatchNorm2d::forward_impl(const Tensor& x, bool fuse_relu) {
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  if (typeid(*this) != typeid(BatchNorm2d)) return functional::add_relu(forward(x), residual);
+  return forward_impl(x, /*fuse_relu=*/true, residual);
+}
+
+Tensor BatchNorm2d::forward_impl(const Tensor& x, bool fuse_relu, const Tensor& residual) {
   DDP_CHECK(x.dim() == 4 && x.size(1) == num_features,
             "BatchNorm2d(" << num_features << "): expected input [N, " << num_features
                            << ", H, W], got " << shape_str(x.shape()));
@@ -173,6 +178,10 @@ Tensor BatchNorm2d::forward_impl(const Tensor& x, bool fuse_relu) {
   if (is_training() && track_running_stats) {
     autograd::NoGradGuard no_grad;
     ops::add_(num_batches_tracked, 1.0);
+  }
+  if (residual.defined()) {
+    return functional::batch_norm_add_relu(x, residual, running_mean, running_var, weight, bias,
+                                           use_batch_stats, momentum, eps);
   }
   const auto op = fuse_relu ? functional::batch_norm_relu : functional::batch_norm;
   return op(x, running_mean, running_var, weight, bias, use_batch_stats, momentum, eps);

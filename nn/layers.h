@@ -73,6 +73,9 @@ class BatchNorm2d : public Module {
   // relu(forward(x)), as one fused op (functional::batch_norm_relu) where this is a plain
   // BatchNorm2d; a subclass with its own forward (SyncBatchNorm) gets the two calls.
   Tensor forward_relu(const Tensor& x);
+  // relu(forward(x) + residual), the end of a residual block, likewise fused
+  // (functional::batch_norm_add_relu) where this is a plain BatchNorm2d.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
   std::string type_name() const override { return "BatchNorm2d"; }
   std::string extra_repr() const override;
   void reset_running_stats();
@@ -85,7 +88,7 @@ class BatchNorm2d : public Module {
   Tensor running_mean, running_var, num_batches_tracked;  // buffers (track_running_stats)
 
  private:
-  Tensor forward_impl(const Tensor& x, bool fuse_relu);
+  Tensor forward_impl(const Tensor& x, bool fuse_relu, const Tensor& residual = Tensor());
 };
 
 class ReLU : public Module {
