@@ -148,7 +148,7 @@ TEST_CASE("post-accumulate hooks fire once per leaf per backward, last layer fir
     Tensor w1 = param({4, 4}, 7, dev), w2 = param({4, 4}, 8, dev), w3 = param({4, 3}, 9, dev);
     std::vector<std::string> order;
     bool grad_was_set = true;
-    auto watch = [&](const Tensor& w, std::string name) {
+    auto watch = [&](const Tensor& w, const std::string& name) {
       autograd::register_post_accumulate_grad_hook(w, [&, name](const Tensor& p) {
         grad_was_set = grad_was_set && p.grad().defined();
         order.push_back(name);

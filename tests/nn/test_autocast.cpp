@@ -208,7 +208,9 @@ TEST_CASE(
   CHECK(loss.dtype() == kFloat32);
   CHECK(std::isfinite(loss.item<double>()));
   loss.backward();
-  for (const auto& [name, p] : model->named_parameters()) {
+  for (const auto& named : model->named_parameters()) {
+    const std::string& name = named.first;  // not a structured binding: CAPTURE's lambda reads it
+    const Tensor& p = named.second;
     CAPTURE(name);
     CHECK(p.dtype() == kFloat32);
     REQUIRE(p.grad().defined());
@@ -536,6 +538,7 @@ TEST_CASE("autocast bf16: a conv-bn-relu block's gradients are float32's to bflo
                            ops::zeros({10})};
   auto run = [&](bool bf16) {
     std::vector<Tensor> p;
+    p.reserve(init.size());
     for (const Tensor& t : init) p.push_back(leaf(t));
     Tensor loss;
     std::vector<DType> seen;
@@ -554,6 +557,7 @@ TEST_CASE("autocast bf16: a conv-bn-relu block's gradients are float32's to bflo
     }
     loss.backward();
     std::vector<Tensor> grads;
+    grads.reserve(p.size());
     for (const Tensor& t : p) grads.push_back(t.grad());
     return std::make_pair(seen, grads);
   };
