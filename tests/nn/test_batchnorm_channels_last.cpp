@@ -252,7 +252,8 @@ TEST_CASE("batch_norm channels-last: a view that starts inside its storage") {
 }
 
 TEST_CASE("batch_norm_add_relu: bit for bit add_relu(batch_norm(...)), forward and backward") {
-  // Channels-last runs the fused pass (its backward masks by the saved output); a contiguous x
+  // Channels-last runs the fused pass (its backward masks by the saved output, in the sums pass,
+  // or alone where eval mode with weight and bias not learning needs no sums); a contiguous x
   // takes the two calls. Either way every output and gradient, the residual's included, and the
   // running statistics must equal the separate calls' exactly.
   Generator g(29);
@@ -264,22 +265,27 @@ TEST_CASE("batch_norm_add_relu: bit for bit add_relu(batch_norm(...)), forward a
     Tensor w0 = ops::randn({16}, param, &g), b0 = ops::randn({16}, param, &g);
     Tensor dy = ops::to(ops::randn(s, kFloat64, &g), dtype);
     for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
-      for (bool training : {true, false}) {
+      for (const auto& mode :
+           {std::pair{true, true}, std::pair{false, true}, std::pair{false, false}}) {
+        const bool training = mode.first, affine_learns = mode.second;  // CAPTURE reads them
         CAPTURE(dtype_name(dtype));
         CAPTURE(format == MemoryFormat::ChannelsLast);
         CAPTURE(training);
+        CAPTURE(affine_learns);
         std::vector<Tensor> out[2];
         for (int fused = 0; fused < 2; ++fused) {
           Tensor x = ops::contiguous(x0, format), r = ops::contiguous(r0, format);
           Tensor w = ops::clone(w0), b = ops::clone(b0);
-          for (Tensor* t : {&x, &r, &w, &b}) t->set_requires_grad(true);
+          for (Tensor* t : {&x, &r}) t->set_requires_grad(true);
+          for (Tensor* t : {&w, &b}) t->set_requires_grad(affine_learns);
           Tensor rm = ops::full({16}, 0.25, param), rv = ops::full({16}, 1.5, param);
           Tensor y = fused ? F::batch_norm_add_relu(x, r, rm, rv, w, b, training)
                            : F::add_relu(F::batch_norm(x, rm, rv, w, b, training), r);
-          out[fused] = autograd::grad({y}, {x, r, w, b}, {dy});
+          out[fused] = affine_learns ? autograd::grad({y}, {x, r, w, b}, {dy})
+                                     : autograd::grad({y}, {x, r}, {dy});
           for (const Tensor& t : {y, rm, rv}) out[fused].push_back(t);
         }
-        CHECK(channels_last(out[1][4]) == (format == MemoryFormat::ChannelsLast));
+        CHECK(channels_last(out[1][out[1].size() - 3]) == (format == MemoryFormat::ChannelsLast));
         for (size_t i = 0; i < out[0].size(); ++i) {
           CAPTURE(i);
           CHECK(ops::max_abs_diff(out[1][i], out[0][i]) == 0);
