@@ -457,8 +457,9 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
   // NHWC loops are faster than its NCHW ones. resnet20 (channels-last from its first layer on),
   // float32, 2 threads, 6 interleaved rounds: median step 157 ms with every layer NHWC, 173 ms
   // with only the 16-channel ones (session 19). A network that starts NCHW stays NCHW until a
-  // layer writes NHWC bytes: the small CNN's pooling would pay a transpose each way. The rule is
-  // applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out y so.
+  // layer writes NHWC bytes; a one-channel input counts as channels-last (conv.cpp,
+  // counts_as_channels_last), so the small CNN runs channels-last too, pooling included. The rule
+  // is applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out y so.
   return primitives_for(p, types).y_nhwc;
 }
 

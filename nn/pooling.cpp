@@ -2,7 +2,8 @@
 // hand-written backward).
 //
 // Every (n, c) plane is independent, so the parallel loops run over planes: in backward, no two
-// threads ever add into the same input pixel.
+// threads ever add into the same input pixel. (The channels-last 2x2 max pool runs over rows of
+// windows instead, each of which owns its two input rows.)
 //
 // PyTorch conventions matched here:
 //   * stride {0, 0} means stride = kernel; output size uses floor mode (ceil_mode=False);
@@ -143,6 +144,94 @@ void max_pool_2x2_forward(const T* x, const PoolShape& s, T* y, int64_t* arg) {
   }
 }
 
+// The 2x2 pool of a channels-last x ([N, H, W, C] in memory): a window's four pixels are four
+// rows of C values, and the rule is applied channel by channel along them, so the loop runs over
+// C contiguous values with no branch and vectorizes (see replaces). The winners are kept as
+// positions in the window (0..3, row-major), one byte per output value (an int64 flat index, as
+// the general kernel keeps, would be 8).
+
+// 1 if v replaces best (v greater, or v a NaN while best is not), else 0, as a T: g++ 12 does not
+// vectorize the same test written as a bool expression of the comparisons.
+template <class T>
+inline T replaces(T v, T best) {
+  const T not_greater = v <= best ? T(1) : T(0);  // 0 also for a NaN v
+  return best != best ? T(0) : T(1) - not_greater;
+}
+
+template <class T>
+DDP_CPU_CLONES void max_pool_2x2_nhwc_forward(const T* x, int64_t n, int64_t h, int64_t w,
+                                              int64_t c, T* y, uint8_t* pos) {
+  using P = compute_t<T>;
+  const int64_t oh = h / 2, ow = w / 2;
+#pragma omp parallel for if (n * oh * ow * c * 4 > kParallelGrain)
+  for (int64_t row = 0; row < n * oh; ++row) {
+    const int64_t b = row / oh, oy = row % oh;
+    for (int64_t ox = 0; ox < ow; ++ox) {
+      const T* p0 = x + ((b * h + 2 * oy) * w + 2 * ox) * c;  // the window's top-left pixel
+      const T* p1 = p0 + c;
+      const T* p2 = p0 + w * c;
+      const T* p3 = p2 + c;
+      T* yo = y + (row * ow + ox) * c;
+      uint8_t* ko = pos + (row * ow + ox) * c;
+      for (int64_t j = 0; j < c; ++j) {
+        // In P (float for bfloat16, whose own selects compile to branches); the winner is one
+        // of the inputs, so rounding it back to T is exact.
+        const P v1 = static_cast<P>(p1[j]), v2 = static_cast<P>(p2[j]), v3 = static_cast<P>(p3[j]);
+        P best = static_cast<P>(p0[j]), k = P(0);  // k: the winner's position, as a P
+        P r = replaces(v1, best);
+        best = r != P(0) ? v1 : best;
+        k = r != P(0) ? P(1) : k;
+        r = replaces(v2, best);
+        best = r != P(0) ? v2 : best;
+        k = r != P(0) ? P(2) : k;
+        r = replaces(v3, best);
+        best = r != P(0) ? v3 : best;
+        k = r != P(0) ? P(3) : k;
+        yo[j] = static_cast<T>(best);
+        ko[j] = static_cast<uint8_t>(k);
+      }
+    }
+  }
+}
+
+// out[j] = g[j] where window position k[j] is `at` (that input won), else 0, for the c channels of
+// one input pixel: a loop per pixel, with one store each. (One loop storing both pixels of a
+// window row ran its scalar version: 3x slower, perf, session 21.)
+template <class T>
+inline void winner_gradient(const T* g, const uint8_t* k, uint8_t at, int64_t c, T* out) {
+  using P = compute_t<T>;  // the select in P, as in the forward; exact
+  for (int64_t j = 0; j < c; ++j) {
+    out[j] = static_cast<T>(k[j] == at ? static_cast<P>(g[j]) : P(0));
+  }
+}
+
+// Its backward: every input value gets its window's gradient if it won, else 0 (also the last
+// row or column of an odd size, in no window); each input value is written once.
+template <class T>
+DDP_CPU_CLONES void max_pool_2x2_nhwc_backward(const T* gy, const uint8_t* pos, int64_t n,
+                                               int64_t h, int64_t w, int64_t c, T* gx) {
+  const int64_t oh = h / 2, ow = w / 2;
+#pragma omp parallel for if (n * h * w * c > kParallelGrain)
+  for (int64_t row = 0; row < n * oh; ++row) {
+    const int64_t b = row / oh, oy = row % oh;
+    T* top = gx + (b * h + 2 * oy) * w * c;
+    for (int64_t i = 0; i < 2; ++i) {
+      T* out = top + i * w * c;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const T* g = gy + (row * ow + ox) * c;
+        const uint8_t* k = pos + (row * ow + ox) * c;
+        winner_gradient(g, k, static_cast<uint8_t>(2 * i), c, out + 2 * ox * c);
+        winner_gradient(g, k, static_cast<uint8_t>(2 * i + 1), c, out + (2 * ox + 1) * c);
+      }
+      if (w % 2 != 0) std::fill(out + (w - 1) * c, out + w * c, T(0));
+    }
+    if (h % 2 != 0 && oy == oh - 1) {
+      T* last = gx + (b * h + h - 1) * w * c;
+      std::fill(last, last + w * c, T(0));
+    }
+  }
+}
+
 template <class T>
 void max_pool_backward(const T* gy, const int64_t* arg, const PoolShape& s, T* gx) {
 #pragma omp parallel for if (s.planes * s.h * s.w > kParallelGrain)
@@ -264,6 +353,28 @@ Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, W
                           });
 }
 
+// max_pool2d's 2x2 pool of a channels-last x: y stays channels-last (no transposes either way).
+Tensor max_pool_2x2_channels_last(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  Tensor y = ops::empty({n, c, h / 2, w / 2}, x.options(), ops::MemoryFormat::ChannelsLast);
+  Tensor pos = ops::empty(y.shape(), kUInt8, ops::MemoryFormat::ChannelsLast);
+  DDP_NN_DISPATCH_BF16(x.dtype(), "max_pool2d",
+                       max_pool_2x2_nhwc_forward(x.data_ptr<scalar_t>(), n, h, w, c,
+                                                 y.data_ptr<scalar_t>(), pos.data_ptr<uint8_t>()));
+  if (!autograd::needs_grad({x})) return y;
+  return autograd::record(
+      "MaxPool2DBackward", y, {x}, {pos},
+      [n, c, h, w](const Tensor& grad, const autograd::Saved& saved, const autograd::Needs&) {
+        Tensor gy = ops::contiguous(grad, ops::MemoryFormat::ChannelsLast);
+        Tensor gx = ops::empty({n, c, h, w}, gy.options(), ops::MemoryFormat::ChannelsLast);
+        DDP_NN_DISPATCH_BF16(
+            gy.dtype(), "max_pool2d backward",
+            max_pool_2x2_nhwc_backward(gy.data_ptr<scalar_t>(), saved[0].data_ptr<uint8_t>(), n, h,
+                                       w, c, gx.data_ptr<scalar_t>()));
+        return autograd::Grads{gx};
+      });
+}
+
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
@@ -274,6 +385,11 @@ Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
                          s.ow);
   }
 #endif
+  // The channels-last 2x2 kernel takes bfloat16 as it is (a max is exact in any precision).
+  const bool two_by_two = kernel == Pair{2, 2} && stride == Pair{2, 2} && padding == Pair{0, 0};
+  if (two_by_two && ops::suggest_memory_format(x_in) == ops::MemoryFormat::ChannelsLast) {
+    return max_pool_2x2_channels_last(x_in);
+  }
   if (x_in.dtype() == kBFloat16) {
     return pool_in_float32(x_in,
                            [&](const Tensor& x) { return max_pool2d(x, kernel, stride, padding); });
@@ -281,7 +397,6 @@ Tensor max_pool2d(const Tensor& x_in, Pair kernel, Pair stride, Pair padding) {
   Tensor x = ops::contiguous(x_in);
   Tensor y = ops::empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
   Tensor arg = ops::empty(y.shape(), kInt64);
-  const bool two_by_two = kernel == Pair{2, 2} && stride == Pair{2, 2} && padding == Pair{0, 0};
   DDP_NN_DISPATCH(x.dtype(), "max_pool2d",
                   two_by_two ? max_pool_2x2_forward(x.data_ptr<scalar_t>(), s,
                                                     y.data_ptr<scalar_t>(), arg.data_ptr<int64_t>())

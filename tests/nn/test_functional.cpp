@@ -195,6 +195,7 @@ TEST_CASE("conv2d: channels-last in and out on the CPU, the same numbers as row-
       {4, 16, 12, 12, 32, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true},   // 16 in, 32 out
       {4, 32, 8, 8, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},    // Winograd on AVX-512
       {2, 4, 7, 7, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, true},       // groups
+      {4, 1, 12, 12, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},    // one channel in
   };
   for (const ConvCfg& c : cfgs) {
     CAPTURE(c.c);
@@ -214,11 +215,12 @@ TEST_CASE("conv2d: channels-last in and out on the CPU, the same numbers as row-
       p.stride_h = c.stride[0], p.stride_w = c.stride[1], p.pad_h = c.padding[0];
       p.pad_w = c.padding[1], p.groups = c.groups;
       // The output's format: channels-last where the kernel writes NHWC, and after a
-      // channels-last input (a channels-last network stays so).
+      // channels-last input (a channels-last network stays so), which includes any input with
+      // one channel (its bytes are the same in both formats).
       nn::onednn::ConvTypes types;
-      types.x_nhwc = last_in;
+      types.x_nhwc = last_in || c.c == 1;
       CHECK((ops::suggest_memory_format(y) == kLast) == nn::onednn::conv2d_output_nhwc(p, types));
-      if (last_in) CHECK(ops::suggest_memory_format(y) == kLast);
+      if (last_in || c.c == 1) CHECK(ops::suggest_memory_format(y) == kLast);
       if (!gy.defined()) gy = ops::randn(y.shape(), kFloat32, &g);
       y.backward(gy);
       results.push_back({y, x.grad(), w.grad()});
@@ -415,19 +417,33 @@ TEST_CASE("max_pool2d: gradcheck, and ties send the gradient to the first maximu
   CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 0, 0, 0});
 }
 
-TEST_CASE("max_pool2d: the 2x2 stride-2 path follows the general rule on ties and NaNs") {
+TEST_CASE("max_pool2d: the 2x2 stride-2 paths follow the general rule on ties and NaNs") {
   // Few distinct values (many ties) and some NaNs, odd sizes (the last row and column fall out),
   // against the rule written out: row-major order, a strictly greater value or a NaN (over a
-  // number) takes the window. The gradient shows which input each window chose.
-  for (DType dt : {kFloat32, kFloat64}) {
+  // number) takes the window. The gradient shows which input each window chose. A channels-last
+  // x runs the kernel over channels (its output stays channels-last), a row-major one the
+  // kernel over planes.
+  for (const auto& mode :
+       {std::pair{kFloat32, false}, std::pair{kFloat64, false}, std::pair{kBFloat16, false},
+        std::pair{kFloat32, true}, std::pair{kFloat64, true}, std::pair{kBFloat16, true}}) {
+    const DType dt = mode.first;
+    const bool last = mode.second;  // not a structured binding: CAPTURE reads it
     CAPTURE(dtype_name(dt));
+    CAPTURE(last);
     const int64_t n = 2, c = 3, h = 7, w = 9, oh = 3, ow = 4;
     Generator g(5);
     std::vector<double> v = ops::randint(0, 3, {n, c, h, w}, &g).to_vector<double>();
     for (size_t i = 0; i < v.size(); i += 17) v[i] = std::nan("");
-    Tensor x = ops::from_vector(v, {n, c, h, w}, dt).set_requires_grad(true);
+    Tensor x = ops::from_vector(v, {n, c, h, w}, dt);
+    if (last) x = ops::contiguous(x, ops::MemoryFormat::ChannelsLast);
+    x.set_requires_grad(true);
     Tensor y = F::max_pool2d(x, {2, 2});
     REQUIRE(y.shape() == Shape{n, c, oh, ow});
+    CHECK(ops::is_contiguous(y, ops::MemoryFormat::ChannelsLast) == last);
+    // Freed memory of x's size holding 7s, which the caching allocator hands to the gradient: an
+    // input value the backward leaves unwritten (an odd size's last row or column, a window's
+    // loser) shows as a 7 in the check below.
+    { const Tensor dirt = ops::full({n, c, h, w}, 7.0, dt); }
     y.backward(ops::ones(y.shape(), dt));
     std::vector<double> got = y.to_vector<double>(), grad = x.grad().to_vector<double>();
     std::vector<double> want_grad(v.size(), 0.0);
