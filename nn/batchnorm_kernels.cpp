@@ -39,6 +39,7 @@
 #include "autograd/function_node.h"
 #include "nn/functional.h"
 #include "nn/functional_util.h"
+#include "tensor/functors.h"
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
@@ -565,14 +566,15 @@ void with_lanes_and_mask(const NhwcBlocks& blk, const ScaleShiftLanes<compute_t<
   });
 }
 
-// relu's backward, dy_masked = y > 0 ? dy : 0 for n values, as ReluBackwardOp: selected in P and
-// rounded back to T, which is exact (a select on bfloat16 values compiles to scalar code with a
-// branch per value: the bfloat16 node took 3.5x as long).
+// relu's backward, dy_masked = y > 0 ? dy : 0 for n values: ReluBackwardOp itself, applied in P
+// and rounded back to T, which is exact (a select on bfloat16 values compiles to scalar code with
+// a branch per value: the bfloat16 node took 3.5x as long).
 template <class T>
 inline void mask_by_output(const T* dy, const T* y, int64_t n, T* dy_masked) {
   using P = compute_t<T>;
   for (int64_t i = 0; i < n; ++i) {
-    dy_masked[i] = static_cast<T>(static_cast<P>(y[i]) > P(0) ? static_cast<P>(dy[i]) : P(0));
+    dy_masked[i] = static_cast<T>(
+        functors::ReluBackwardOp::apply(static_cast<P>(dy[i]), static_cast<P>(y[i]), P(0), P(0)));
   }
 }
 
