@@ -11,7 +11,9 @@
 // the activation's compute type (float for float32), their sums in float within small blocks and
 // in double across them (see there for why, and how a mean far from zero stays accurate). The output
 // and input gradient are channels-last too, so the convolutions around them read and write NHWC
-// without a reorder. Any other layout is made contiguous first.
+// without a reorder. A blocked input (oneDNN's nChw16c, Note [Blocked activations] in
+// tensor/blocked.cpp) runs the same loops over the same blocks of pixels, the same bits, and its
+// output and gradients are blocked too. Any other layout is made contiguous first.
 //
 // PyTorch's conventions, which we match exactly:
 //   * normalization uses the biased batch variance (divide by M = N*S);
@@ -39,6 +41,7 @@
 #include "autograd/function_node.h"
 #include "nn/functional.h"
 #include "nn/functional_util.h"
+#include "tensor/blocked.h"
 #include "tensor/functors.h"
 #include "tensor/ops.h"
 #include "tensor/threads.h"
@@ -120,7 +123,7 @@ void scale_shift(const double* mean, const double* invstd, const P* weight, cons
 
 // max(v, 0) for batch_norm_relu, the clamp written as ReluOp writes it so that NaN stays NaN.
 template <class P>
-inline P relu_clamp(P v) {
+DDP_ALWAYS_INLINE P relu_clamp(P v) {
   return v <= P(0) ? P(0) : v;
 }
 
@@ -316,30 +319,71 @@ void input_grad(const T* x, const T* dy, const BnShape& d, const double* mean, c
 
 constexpr int64_t kLaneValues = 128;  // 8 AVX-512 registers of floats
 
-// How a channels-last x is walked: p pixels of c channels, `lane` = K*c values per group of
-// lanes, blocks of `block` pixels (a multiple of K; the last block may be shorter).
+// How a channels-last x is walked: p pixels of c channels, `lane` = k*c values per group of
+// lanes (k pixels), blocks of `block` pixels (a multiple of k; the last block may be shorter).
+//
+// A blocked x (Note [Blocked activations] in tensor/blocked.cpp) is walked in the very same
+// blocks and lanes, so that every sum, and hence every result, is the same bits as for the
+// channels-last x: a float sum taken in another order rounds differently, and then a relu's mask
+// can flip on a value within an ulp of zero, which moves that pixel's gradient by all of dy (a
+// blocked walk of its own drifted 1e-4 from the channels-last one in three resnet20 steps, on a
+// check that DDP meets to 2e-7). Its channels come in `parts` groups of c = 16, each a 16-channel
+// NHWC plane per sample: `run` pixels (H*W), the sample's next group `part_stride` values
+// further, its next sample `run_stride` values further. Block b covers the pixels of
+// channels-last block b / parts for group b % parts, in segments cut where a sample ends; within
+// a block a pixel's lanes are those of its position in the block mod k, as in the channels-last
+// walk. The blocks are numbered sample range by sample range, so one parallel loop covers every
+// group and each thread gets the samples the convolution before it wrote, still in its cache.
 struct NhwcBlocks {
   int64_t p, c, lane, block;
-  int64_t count() const { return (p + block - 1) / block; }
-  int64_t first_value(int64_t b) const { return b * block * c; }
-  int64_t pixels(int64_t b) const { return std::min(block, p - b * block); }
-  int64_t values(int64_t b) const { return pixels(b) * c; }
+  int64_t k = 1;                       // pixels per group of lanes
+  int64_t run = 0, run_stride = 0;     // blocked only
+  int64_t parts = 1, part_stride = 0;  // groups of c channels (blocked: C / 16)
+  int64_t channels() const { return c * parts; }
+  int64_t group(int64_t b) const { return b % parts; }
+  int64_t count() const { return (p + block - 1) / block * parts; }
+  int64_t first_pixel(int64_t b) const { return b / parts * block; }
+  int64_t pixels(int64_t b) const { return std::min(block, p - first_pixel(b)); }
+  // Where block b's first pixel's values start.
+  int64_t first_value(int64_t b) const {
+    const int64_t q = first_pixel(b);
+    if (run == 0) return q * c;
+    return q / run * run_stride + group(b) * part_stride + q % run * c;
+  }
 };
 
+// Blocks for x of shape d: channels-last (block 0), or blocked in groups of `block` channels,
+// walked as the channels-last x would be.
 template <class T>
-NhwcBlocks nhwc_blocks(const BnShape& d) {
+NhwcBlocks nhwc_blocks(const BnShape& d, int64_t block = 0) {
   constexpr int64_t kBlockBytes = 16384;
   const int64_t k = std::max<int64_t>(1, kLaneValues / d.c);
   const int64_t groups = std::max<int64_t>(1, kBlockBytes / (k * d.c * int64_t{sizeof(T)}));
-  return {d.n * d.s, d.c, k * d.c, k * groups};
+  NhwcBlocks blk{d.n * d.s, d.c, k * d.c, k * groups, k};
+  if (block != 0) {
+    blk.c = block;
+    blk.lane = k * block;
+    blk.run = d.s;
+    blk.run_stride = d.c * d.s;
+    blk.parts = d.c / block;
+    blk.part_stride = block * d.s;
+  }
+  return blk;
 }
 
 // Calls run(std::integral_constant<int64_t, L>) with L = kLaneValues when the lanes are that wide,
 // else with L = 0 (the width known only at run time).
+//
+// The blocked loops of 32 and 64 channels have lanes of 64 and 32 values (k = 4 and 2 pixels of
+// 16 channels), also compiled for their width.
 template <class F>
 void with_lane_width(const NhwcBlocks& blk, F run) {
   if (blk.lane == kLaneValues) {
     run(std::integral_constant<int64_t, kLaneValues>{});
+  } else if (blk.lane == 64) {
+    run(std::integral_constant<int64_t, 64>{});
+  } else if (blk.lane == 32) {
+    run(std::integral_constant<int64_t, 32>{});
   } else {
     run(std::integral_constant<int64_t, 0>{});
   }
@@ -366,11 +410,21 @@ class LaneArray<P, 0> {
   std::vector<P> v_;
 };
 
-// A per-channel value repeated over the lanes, in type P: out[j] = v[j mod C].
+// The channel of lane j of group g's lanes.
+inline int64_t lane_channel(const NhwcBlocks& blk, int64_t g, int64_t j) {
+  return g * blk.c + j % blk.c;
+}
+
+// A per-channel value repeated over the lanes, in type P, one set of lanes per group:
+// out[g * lane + j] = v[lane_channel(g, j)]. Block b reads the set at group(b) * lane.
 template <class P, class V>
 std::vector<P> over_lanes(const NhwcBlocks& blk, const V* v) {
-  std::vector<P> out(static_cast<size_t>(blk.lane));
-  for (int64_t j = 0; j < blk.lane; ++j) out[static_cast<size_t>(j)] = static_cast<P>(v[j % blk.c]);
+  std::vector<P> out(static_cast<size_t>(blk.parts * blk.lane));
+  for (int64_t g = 0; g < blk.parts; ++g) {
+    for (int64_t j = 0; j < blk.lane; ++j) {
+      out[static_cast<size_t>(g * blk.lane + j)] = static_cast<P>(v[lane_channel(blk, g, j)]);
+    }
+  }
   return out;
 }
 
@@ -380,17 +434,55 @@ inline void repeat_over_lanes(P* lanes, int64_t c, int64_t lane) {
   for (int64_t j = c; j < lane; ++j) lanes[j] = lanes[j - c];
 }
 
-// Calls body(i, j) for the values [0, n) of a block (n: whole pixels), i the value's offset and
-// j = i mod lane its lane: whole groups first (a constant trip count when lane is one), then the
-// block's last, shorter group. The inner loops carry nothing from one j to the next, so they
-// vectorize.
-template <class F>
-inline void for_lanes(int64_t n, int64_t lane, F body) {
-  int64_t i0 = 0;
-  for (; i0 + lane <= n; i0 += lane) {
-    for (int64_t j = 0; j < lane; ++j) body(i0 + j, j);
+// The segments of block b, one after the other: n values from offset `start` in the array, the
+// first of them in lane j0. A channels-last block is one segment; a blocked one is cut where a
+// sample's plane ends (a 16 KB block spans four 8x8 planes of resnet20's last stage). The
+// kernels loop over them with a plain `for (Segments sg(blk, b); sg.next();)` and run
+// for_lanes_from on each: one lambda deep, which the compiler inlines into the AVX-512 copy of
+// the kernel and vectorizes (with the segment walk in a helper taking a lambda of its own, it did
+// not: resnet20's batch_norm_relu backward took twice as long).
+class Segments {
+ public:
+  int64_t start = 0, n = 0, j0 = 0;
+  Segments(const NhwcBlocks& blk, int64_t b)
+      : blk_(blk), b_(b), first_(blk.first_pixel(b)), q_(first_), end_(first_ + blk.pixels(b)) {}
+  bool next() {
+    if (q_ >= end_) return false;
+    if (blk_.run == 0) {
+      start = q_ * blk_.c;
+      n = (end_ - q_) * blk_.c;
+      j0 = 0;
+      q_ = end_;
+      return true;
+    }
+    const int64_t sample = q_ / blk_.run, at = q_ % blk_.run;
+    const int64_t len = std::min(end_ - q_, blk_.run - at);
+    start = sample * blk_.run_stride + blk_.group(b_) * blk_.part_stride + at * blk_.c;
+    n = len * blk_.c;
+    j0 = (q_ - first_) % blk_.k * blk_.c;
+    q_ += len;
+    return true;
   }
-  for (int64_t j = 0; i0 + j < n; ++j) body(i0 + j, j);
+
+ private:
+  const NhwcBlocks& blk_;
+  int64_t b_, first_, q_, end_;
+};
+
+// Calls body(i, j) for the values [0, n) of a segment (whole pixels), i the value's offset and j
+// its lane, the first value in lane j0: the rest of that group of lanes, then whole groups (a
+// constant trip count when lane is one), then the last, shorter group. The inner loops carry
+// nothing from one j to the next, so they vectorize.
+template <class F>
+DDP_ALWAYS_INLINE void for_lanes_from(int64_t j0, int64_t n, int64_t lane, F body) {
+  int64_t i = 0;
+  if (j0 != 0) {
+    for (int64_t j = j0; j < lane && i < n; ++j, ++i) body(i, j);
+  }
+  for (; i + lane <= n; i += lane) {
+    for (int64_t j = 0; j < lane; ++j) body(i + j, j);
+  }
+  for (int64_t j = 0; i + j < n; ++j) body(i + j, j);
 }
 
 // out[ch] = the sum of a block's lanes of channel ch, lane by lane in order, in double.
@@ -404,7 +496,22 @@ inline void fold_lanes(const P* acc, int64_t lane, int64_t c, double* out) {
 
 // Whether the block loops are worth waking the thread pool for.
 bool parallel(const NhwcBlocks& blk) {
-  return blk.p * blk.c > kParallelGrain;
+  return blk.p * blk.channels() > kParallelGrain;
+}
+
+// Adds the blocks' per-channel partial sums up, in block order, into out[what * C + channel]:
+// part holds `width` sums of c values per block ([blocks][width][c]); C = blk.channels().
+inline void merge_blocks(const NhwcBlocks& blk, const std::vector<double>& part, int64_t width,
+                         double* out) {
+  const int64_t c = blk.c, C = blk.channels();
+  std::fill(out, out + width * C, 0.0);
+  for (int64_t b = 0; b < blk.count(); ++b) {
+    const double* sum = &part[static_cast<size_t>(b * width * c)];
+    for (int64_t w = 0; w < width; ++w) {
+      double* o = out + w * C + blk.group(b) * c;
+      for (int64_t ch = 0; ch < c; ++ch) o[ch] += sum[w * c + ch];
+    }
+  }
 }
 
 // batch_moments for channels-last x: each block's sum and M2 into part ([blocks][2][C]), then
@@ -429,8 +536,11 @@ DDP_CPU_CLONES void moments_lanes(const T* x, const NhwcBlocks& blk, double* mea
       for (int64_t ch = 0; ch < c; ++ch) mu[ch] = static_cast<P>(xb[ch]);
       repeat_over_lanes(mu, c, lane);
       std::fill(acc, acc + lane, P(0));
-      for_lanes(blk.values(b), lane,
-                [&](int64_t i, int64_t j) { acc[j] += static_cast<P>(xb[i]) - mu[j]; });
+      for (Segments sg(blk, b); sg.next();) {
+        const T* px = x + sg.start;
+        for_lanes_from(sg.j0, sg.n, lane,
+                       [&](int64_t i, int64_t j) { acc[j] += static_cast<P>(px[i]) - mu[j]; });
+      }
       fold_lanes(acc, lane, c, sum);
       for (int64_t ch = 0; ch < c; ++ch) {
         block_mean[static_cast<size_t>(ch)] = sum[ch] / nb + static_cast<double>(mu[ch]);
@@ -440,10 +550,13 @@ DDP_CPU_CLONES void moments_lanes(const T* x, const NhwcBlocks& blk, double* mea
         mu[ch] = static_cast<P>(block_mean[static_cast<size_t>(ch)]);
       repeat_over_lanes(mu, c, lane);
       std::fill(acc, acc + lane, P(0));
-      for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
-        const P dx = static_cast<P>(xb[i]) - mu[j];
-        acc[j] += dx * dx;
-      });
+      for (Segments sg(blk, b); sg.next();) {
+        const T* px = x + sg.start;
+        for_lanes_from(sg.j0, sg.n, lane, [&](int64_t i, int64_t j) {
+          const P dx = static_cast<P>(px[i]) - mu[j];
+          acc[j] += dx * dx;
+        });
+      }
       fold_lanes(acc, lane, c, sum + c);
       // The squares were taken around mu, the block mean rounded to P: sum((x - mu)^2) =
       // M2_b + n_b * (mean_b - mu)^2, since the deviations from mean_b sum to zero.
@@ -453,25 +566,30 @@ DDP_CPU_CLONES void moments_lanes(const T* x, const NhwcBlocks& blk, double* mea
       }
     }
   }
-  std::fill(mean, mean + c, 0.0);
-  std::fill(m2, m2 + c, 0.0);
+  const int64_t channels = blk.channels();
+  std::fill(mean, mean + channels, 0.0);
+  std::fill(m2, m2 + channels, 0.0);
   for (int64_t b = 0; b < blk.count(); ++b) {
-    for (int64_t ch = 0; ch < c; ++ch) mean[ch] += part[static_cast<size_t>(b * 2 * c + ch)];
+    double* m = mean + blk.group(b) * c;
+    for (int64_t ch = 0; ch < c; ++ch) m[ch] += part[static_cast<size_t>(b * 2 * c + ch)];
   }
-  for (int64_t ch = 0; ch < c; ++ch) mean[ch] /= static_cast<double>(blk.p);
+  for (int64_t ch = 0; ch < channels; ++ch) mean[ch] /= static_cast<double>(blk.p);
   for (int64_t b = 0; b < blk.count(); ++b) {
     const double nb = static_cast<double>(blk.pixels(b));
     const double* sum = &part[static_cast<size_t>(b * 2 * c)];
+    const double* m = mean + blk.group(b) * c;
+    double* q = m2 + blk.group(b) * c;
     for (int64_t ch = 0; ch < c; ++ch) {
-      const double spread = sum[ch] / nb - mean[ch];
-      m2[ch] += sum[c + ch] + nb * spread * spread;
+      const double spread = sum[ch] / nb - m[ch];
+      q[ch] += sum[c + ch] + nb * spread * spread;
     }
   }
 }
 
+// block: 0 for channels-last x, else the blocked layout's (nhwc_blocks); likewise below.
 template <class T>
-void batch_moments_nhwc(const T* x, const BnShape& d, double* mean, double* m2) {
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
+void batch_moments_nhwc(const T* x, const BnShape& d, double* mean, double* m2, int64_t block = 0) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d, block);
   with_lane_width(blk, [&](auto L) { moments_lanes<T, L.value>(x, blk, mean, m2); });
 }
 
@@ -481,10 +599,12 @@ struct ScaleShiftLanes {
   std::vector<P> sc, sh;
   ScaleShiftLanes(const NhwcBlocks& blk, const double* mean, const double* invstd, const P* weight,
                   const P* bias)
-      : sc(static_cast<size_t>(blk.lane)), sh(sc.size()) {
-    for (int64_t j = 0; j < blk.lane; ++j) {
-      scale_shift(mean, invstd, weight, bias, j % blk.c, sc[static_cast<size_t>(j)],
-                  sh[static_cast<size_t>(j)]);
+      : sc(static_cast<size_t>(blk.parts * blk.lane)), sh(sc.size()) {
+    for (int64_t g = 0; g < blk.parts; ++g) {
+      for (int64_t j = 0; j < blk.lane; ++j) {
+        const auto at = static_cast<size_t>(g * blk.lane + j);
+        scale_shift(mean, invstd, weight, bias, lane_channel(blk, g, j), sc[at], sh[at]);
+      }
     }
   }
 };
@@ -498,31 +618,34 @@ DDP_CPU_CLONES void normalize_lanes(const T* x, const T* residual, const NhwcBlo
                                     const ScaleShiftLanes<compute_t<T>>& lanes, T* y) {
   using P = compute_t<T>;
   const int64_t lane = L ? L : blk.lane;
-  const P *psc = lanes.sc.data(), *psh = lanes.sh.data();
 #pragma omp parallel for schedule(static) if (parallel(blk))
   for (int64_t b = 0; b < blk.count(); ++b) {
-    const T* p = x + blk.first_value(b);
-    const T* r = kAdd ? residual + blk.first_value(b) : nullptr;
-    T* q = y + blk.first_value(b);
-    for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
-      const P v = static_cast<P>(p[i]) * psc[j] + psh[j];
-      if constexpr (kAdd) {
-        // The normalized value rounded to T, as batch_norm stores it; the sum rounded to T once,
-        // after the clamp, which is the same number (rounding keeps the sign; NaN stays NaN) and
-        // lets the loop vectorize.
-        const P sum = static_cast<P>(static_cast<T>(v)) + static_cast<P>(r[i]);
-        q[i] = static_cast<T>(relu_clamp(sum));
-      } else {
-        q[i] = static_cast<T>(kRelu ? relu_clamp(v) : v);
-      }
-    });
+    const P* psc = lanes.sc.data() + blk.group(b) * lane;
+    const P* psh = lanes.sh.data() + blk.group(b) * lane;
+    for (Segments sg(blk, b); sg.next();) {
+      const T* p = x + sg.start;
+      const T* r = kAdd ? residual + sg.start : nullptr;
+      T* q = y + sg.start;
+      for_lanes_from(sg.j0, sg.n, lane, [&](int64_t i, int64_t j) {
+        const P v = static_cast<P>(p[i]) * psc[j] + psh[j];
+        if constexpr (kAdd) {
+          // The normalized value rounded to T, as batch_norm stores it; the sum rounded to T
+          // once, after the clamp, which is the same number (rounding keeps the sign; NaN stays
+          // NaN) and lets the loop vectorize.
+          const P sum = static_cast<P>(static_cast<T>(v)) + static_cast<P>(r[i]);
+          q[i] = static_cast<T>(relu_clamp(sum));
+        } else {
+          q[i] = static_cast<T>(kRelu ? relu_clamp(v) : v);
+        }
+      });
+    }
   }
 }
 
 template <class T, bool kRelu = false>
 void normalize_nhwc(const T* x, const BnShape& d, const double* mean, const double* invstd,
-                    const compute_t<T>* weight, const compute_t<T>* bias, T* y) {
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
+                    const compute_t<T>* weight, const compute_t<T>* bias, T* y, int64_t block = 0) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d, block);
   const ScaleShiftLanes<compute_t<T>> lanes(blk, mean, invstd, weight, bias);
   with_lane_width(
       blk, [&](auto L) { normalize_lanes<T, kRelu, false, L.value>(x, nullptr, blk, lanes, y); });
@@ -531,8 +654,8 @@ void normalize_nhwc(const T* x, const BnShape& d, const double* mean, const doub
 template <class T>
 void normalize_add_relu_nhwc(const T* x, const T* residual, const BnShape& d, const double* mean,
                              const double* invstd, const compute_t<T>* weight,
-                             const compute_t<T>* bias, T* y) {
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
+                             const compute_t<T>* bias, T* y, int64_t block = 0) {
+  const NhwcBlocks blk = nhwc_blocks<T>(d, block);
   const ScaleShiftLanes<compute_t<T>> lanes(blk, mean, invstd, weight, bias);
   with_lane_width(
       blk, [&](auto L) { normalize_lanes<T, true, true, L.value>(x, residual, blk, lanes, y); });
@@ -540,15 +663,15 @@ void normalize_add_relu_nhwc(const T* x, const T* residual, const BnShape& d, co
 
 // dy as the backward sees it: for batch_norm_relu (relu: normalize's scale and shift over the
 // lanes) zero where the forward's output was not positive. The mask y > 0 is v > 0 for the same
-// v = x * scale + shift that normalize_nhwc clamped (NaN: neither), so no y is read.
+// v = x * scale + shift that normalize_nhwc clamped (NaN: neither), so no y is read. sc, sh: the
+// lanes of the block's group.
 template <class T, bool kRelu>
-inline compute_t<T> masked_grad(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
-                                int64_t i, int64_t j) {
+DDP_ALWAYS_INLINE compute_t<T> masked_grad(const T* x, const T* dy, const compute_t<T>* sc,
+                                           const compute_t<T>* sh, int64_t i, int64_t j) {
   using P = compute_t<T>;
   const P g = static_cast<P>(dy[i]);
   if constexpr (kRelu) {
-    const P v =
-        static_cast<P>(x[i]) * relu->sc[static_cast<size_t>(j)] + relu->sh[static_cast<size_t>(j)];
+    const P v = static_cast<P>(x[i]) * sc[j] + sh[j];
     return v > P(0) ? g : P(0);
   }
   return g;
@@ -570,7 +693,7 @@ void with_lanes_and_mask(const NhwcBlocks& blk, const ScaleShiftLanes<compute_t<
 // and rounded back to T, which is exact (a select on bfloat16 values compiles to scalar code with
 // a branch per value: the bfloat16 node took 3.5x as long).
 template <class T>
-inline void mask_by_output(const T* dy, const T* y, int64_t n, T* dy_masked) {
+DDP_ALWAYS_INLINE void mask_by_output(const T* dy, const T* y, int64_t n, T* dy_masked) {
   using P = compute_t<T>;
   for (int64_t i = 0; i < n; ++i) {
     dy_masked[i] = static_cast<T>(
@@ -592,7 +715,6 @@ DDP_CPU_CLONES void grad_sums_lanes(const T* x, const T* dy,
   using P = compute_t<T>;
   const int64_t c = blk.c, lane = L ? L : blk.lane;
   const std::vector<P> mu = over_lanes<P>(blk, mean);
-  const P* pmu = mu.data();
   std::vector<double> part(static_cast<size_t>(blk.count() * 2 * c));
 #pragma omp parallel if (parallel(blk))
   {
@@ -600,42 +722,45 @@ DDP_CPU_CLONES void grad_sums_lanes(const T* x, const T* dy,
     P *acc_dy = dy_lanes.data(), *acc_dy_xmu = dy_xmu_lanes.data();
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blk.count(); ++b) {
-      const T* px = x + blk.first_value(b);
-      const T* pdy = dy + blk.first_value(b);
-      if constexpr (kMaskY) {
-        // Masked into dy_masked first, then summed from there: the block is still in cache, and
-        // each loop stays simple enough to vectorize (writing dy_masked from inside the sums loop
-        // made bfloat16's step 30% longer).
-        T* masked = dy_masked + blk.first_value(b);
-        mask_by_output(pdy, y + blk.first_value(b), blk.values(b), masked);
-        pdy = masked;
-      }
       std::fill(acc_dy, acc_dy + lane, P(0));
       std::fill(acc_dy_xmu, acc_dy_xmu + lane, P(0));
-      for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
-        const P g = masked_grad<T, kRelu>(px, pdy, relu, i, j);
-        acc_dy[j] += g;
-        acc_dy_xmu[j] += g * (static_cast<P>(px[i]) - pmu[j]);
-      });
+      const int64_t at = blk.group(b) * lane;
+      const P* pmu = mu.data() + at;
+      const P* rsc = kRelu ? relu->sc.data() + at : nullptr;
+      const P* rsh = kRelu ? relu->sh.data() + at : nullptr;
+      for (Segments sg(blk, b); sg.next();) {
+        const T* px = x + sg.start;
+        const T* pdy = dy + sg.start;
+        if constexpr (kMaskY) {
+          // Masked into dy_masked first, then summed from there: the segment is still in cache,
+          // and each loop stays simple enough to vectorize (writing dy_masked from inside the
+          // sums loop made bfloat16's step 30% longer).
+          T* masked = dy_masked + sg.start;
+          mask_by_output(pdy, y + sg.start, sg.n, masked);
+          pdy = masked;
+        }
+        for_lanes_from(sg.j0, sg.n, lane, [&](int64_t i, int64_t j) {
+          const P g = masked_grad<T, kRelu>(px, pdy, rsc, rsh, i, j);
+          acc_dy[j] += g;
+          acc_dy_xmu[j] += g * (static_cast<P>(px[i]) - pmu[j]);
+        });
+      }
       double* out = &part[static_cast<size_t>(b * 2 * c)];
       fold_lanes(acc_dy, lane, c, out);
       fold_lanes(acc_dy_xmu, lane, c, out + c);
     }
   }
-  std::fill(sums, sums + 2 * c, 0.0);
-  for (int64_t b = 0; b < blk.count(); ++b) {
-    for (int64_t k = 0; k < 2 * c; ++k) sums[k] += part[static_cast<size_t>(b * 2 * c + k)];
-  }
-  for (int64_t ch = 0; ch < c; ++ch) {
-    sums[c + ch] += sums[ch] * (static_cast<double>(pmu[ch]) - mean[ch]);
+  merge_blocks(blk, part, 2, sums);
+  const int64_t channels = blk.channels();
+  for (int64_t ch = 0; ch < channels; ++ch) {
+    sums[channels + ch] += sums[ch] * (static_cast<double>(static_cast<P>(mean[ch])) - mean[ch]);
   }
 }
 
 // y, dy_masked: as kMaskY above, or both nullptr.
 template <class T>
 void grad_sums_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu, const T* y,
-                    T* dy_masked, const BnShape& d, const double* mean, double* sums) {
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
+                    T* dy_masked, const NhwcBlocks& blk, const double* mean, double* sums) {
   if (y != nullptr) {
     with_lane_width(blk, [&](auto L) {
       grad_sums_lanes<T, false, true, L.value>(x, dy, nullptr, y, dy_masked, blk, mean, sums);
@@ -659,32 +784,38 @@ DDP_CPU_CLONES void input_grad_lanes(const T* x, const T* dy,
                                      T* dx) {
   using P = compute_t<T>;
   const int64_t lane = L ? L : blk.lane;
-  const P* pk = f[0].data();
-  const P *pmdy = kTraining ? f[1].data() : nullptr, *pproj = kTraining ? f[2].data() : nullptr,
-          *pmu = kTraining ? f[3].data() : nullptr;
 #pragma omp parallel for schedule(static) if (parallel(blk))
   for (int64_t b = 0; b < blk.count(); ++b) {
-    const T* px = x + blk.first_value(b);
-    const T* pdy = dy + blk.first_value(b);
-    T* q = dx + blk.first_value(b);
-    for_lanes(blk.values(b), lane, [&](int64_t i, int64_t j) {
-      const P g = masked_grad<T, kRelu>(px, pdy, relu, i, j);
-      if constexpr (kTraining) {
-        const P xmu = static_cast<P>(px[i]) - pmu[j];
-        q[i] = static_cast<T>(pk[j] * (g - pmdy[j] - xmu * pproj[j]));
-      } else {
-        q[i] = static_cast<T>(g * pk[j]);
-      }
-    });
+    const int64_t at = blk.group(b) * lane;
+    const P* pk = f[0].data() + at;
+    const P *pmdy = kTraining ? f[1].data() + at : nullptr,
+            *pproj = kTraining ? f[2].data() + at : nullptr,
+            *pmu = kTraining ? f[3].data() + at : nullptr;
+    const P* rsc = kRelu ? relu->sc.data() + at : nullptr;
+    const P* rsh = kRelu ? relu->sh.data() + at : nullptr;
+    for (Segments sg(blk, b); sg.next();) {
+      const T* px = x + sg.start;
+      const T* pdy = dy + sg.start;
+      T* q = dx + sg.start;
+      for_lanes_from(sg.j0, sg.n, lane, [&](int64_t i, int64_t j) {
+        const P g = masked_grad<T, kRelu>(px, pdy, rsc, rsh, i, j);
+        if constexpr (kTraining) {
+          const P xmu = static_cast<P>(px[i]) - pmu[j];
+          q[i] = static_cast<T>(pk[j] * (g - pmdy[j] - xmu * pproj[j]));
+        } else {
+          q[i] = static_cast<T>(g * pk[j]);
+        }
+      });
+    }
   }
 }
 
 template <class T>
 void input_grad_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
-                     const BnShape& d, const double* mean, const double* invstd,
-                     const compute_t<T>* weight, const double* sums, double count, T* dx) {
+                     const NhwcBlocks& blk, const BnShape& d, const double* mean,
+                     const double* invstd, const compute_t<T>* weight, const double* sums,
+                     double count, T* dx) {
   using P = compute_t<T>;
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
   const size_t c = static_cast<size_t>(d.c);
   std::vector<double> k(c), mean_dy(c), proj(c);
   for (size_t ch = 0; ch < c; ++ch) {
@@ -702,10 +833,9 @@ void input_grad_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>
 
 template <class T>
 void eval_input_grad_nhwc(const T* x, const T* dy, const ScaleShiftLanes<compute_t<T>>* relu,
-                          const BnShape& d, const double* invstd, const compute_t<T>* weight,
-                          T* dx) {
+                          const NhwcBlocks& blk, const BnShape& d, const double* invstd,
+                          const compute_t<T>* weight, T* dx) {
   using P = compute_t<T>;
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
   std::vector<double> k(static_cast<size_t>(d.c));
   for (int64_t ch = 0; ch < d.c; ++ch) {
     k[static_cast<size_t>(ch)] = (weight ? static_cast<double>(weight[ch]) : 1.0) * invstd[ch];
@@ -725,20 +855,21 @@ template <class T>
 void backward_nhwc(const T* x, const T* dy, bool relu, const compute_t<T>* bias, const T* y,
                    T* dy_masked, const BnShape& d, const double* mean, const double* invstd,
                    const compute_t<T>* weight, bool training, T* dx, compute_t<T>* dweight,
-                   compute_t<T>* dbias) {
+                   compute_t<T>* dbias, int64_t block = 0) {
   using P = compute_t<T>;
-  const NhwcBlocks blk = nhwc_blocks<T>(d);
+  const NhwcBlocks blk = nhwc_blocks<T>(d, block);
   std::unique_ptr<ScaleShiftLanes<P>> lanes;
   if (relu) lanes = std::make_unique<ScaleShiftLanes<P>>(blk, mean, invstd, weight, bias);
   const ScaleShiftLanes<P>* r = lanes.get();
   std::vector<double> sums(static_cast<size_t>(2 * d.c));
   if (dweight || dbias || (dx && training)) {
-    grad_sums_nhwc(x, dy, r, y, dy_masked, d, mean, sums.data());
+    grad_sums_nhwc(x, dy, r, y, dy_masked, blk, mean, sums.data());
   } else if (y != nullptr) {
 #pragma omp parallel for schedule(static) if (parallel(blk))
     for (int64_t b = 0; b < blk.count(); ++b) {
-      mask_by_output(dy + blk.first_value(b), y + blk.first_value(b), blk.values(b),
-                     dy_masked + blk.first_value(b));
+      for (Segments sg(blk, b); sg.next();) {
+        mask_by_output(dy + sg.start, y + sg.start, sg.n, dy_masked + sg.start);
+      }
     }
   }
   if (y != nullptr) dy = dy_masked;
@@ -748,11 +879,24 @@ void backward_nhwc(const T* x, const T* dy, bool relu, const compute_t<T>* bias,
   }
   if (!dx) return;
   if (training) {
-    input_grad_nhwc(x, dy, r, d, mean, invstd, weight, sums.data(), static_cast<double>(d.count()),
-                    dx);
+    input_grad_nhwc(x, dy, r, blk, d, mean, invstd, weight, sums.data(),
+                    static_cast<double>(d.count()), dx);
   } else {
-    eval_input_grad_nhwc(x, dy, r, d, invstd, weight, dx);
+    eval_input_grad_nhwc(x, dy, r, blk, d, invstd, weight, dx);
   }
+}
+
+// The values of t as they lie: blocked bytes not rearranged when block != 0 (the loops walk them
+// blocked), else t's data as any kernel reads it.
+template <class T>
+T* stored(const Tensor& t, int64_t block) {
+  return block != 0 ? ops::as_stored(t).data_ptr<T>() : t.data_ptr<T>();
+}
+
+// A new tensor of x's shape and dtype in x's layout: blocked like x, or `format`.
+Tensor like(const Tensor& x, int64_t block, ops::MemoryFormat format) {
+  return block != 0 ? ops::empty_blocked(x.shape(), x.options(), block)
+                    : ops::empty(x.shape(), x.options(), format);
 }
 
 // The dtype of weight and bias (and their gradients) for input x: x's, except that bfloat16
@@ -826,17 +970,21 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
   }
 #endif
 
-  // A channels-last x stays so and runs the NHWC loops; anything else is made contiguous.
+  // A channels-last x stays so and runs the NHWC loops; anything else is made contiguous. A
+  // blocked x (Note [Blocked activations] in tensor/blocked.cpp) runs them too (NhwcBlocks), and
+  // its output, residual and gradients are blocked alike.
   const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
   const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
   Tensor x = ops::contiguous(x_in, format);
+  const int64_t block = nhwc ? ops::blocked_block(x) : 0;
   const bool add = residual_in.defined();
-  const Tensor residual = add ? ops::contiguous(residual_in, format) : Tensor();
+  Tensor residual = add ? ops::contiguous(residual_in, format) : Tensor();
+  if (add && block != 0) residual = ops::to_blocked(residual, block);
   std::vector<double> mean(static_cast<size_t>(d.c)), var(static_cast<size_t>(d.c));
   if (use_batch_stats) {
     DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm", {
       if (nhwc) {
-        batch_moments_nhwc(x.data_ptr<scalar_t>(), d, mean.data(), var.data());
+        batch_moments_nhwc(stored<scalar_t>(x, block), d, mean.data(), var.data(), block);
       } else {
         batch_moments(x.data_ptr<scalar_t>(), d, mean.data(), var.data());
       }
@@ -861,20 +1009,20 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
     ops::copy_(running_var, ops::from_vector(rv, running_var.shape()));
   }
 
-  Tensor y = ops::empty(x.shape(), x.options(), format);
+  Tensor y = like(x, block, format);
   DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm", {
     using param_t = compute_t<scalar_t>;
     const param_t* w = weight.defined() ? weight.data_ptr<param_t>() : nullptr;
     const param_t* b = bias.defined() ? bias.data_ptr<param_t>() : nullptr;
+    const scalar_t* px = stored<scalar_t>(x, block);
+    scalar_t* py = stored<scalar_t>(y, block);
     if (add) {
-      normalize_add_relu_nhwc(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), d, mean.data(),
-                              invstd.data(), w, b, y.data_ptr<scalar_t>());
+      normalize_add_relu_nhwc(px, stored<scalar_t>(residual, block), d, mean.data(), invstd.data(),
+                              w, b, py, block);
     } else if (nhwc && fuse_relu) {
-      normalize_nhwc<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
-                                     y.data_ptr<scalar_t>());
+      normalize_nhwc<scalar_t, true>(px, d, mean.data(), invstd.data(), w, b, py, block);
     } else if (nhwc) {
-      normalize_nhwc(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
-                     y.data_ptr<scalar_t>());
+      normalize_nhwc(px, d, mean.data(), invstd.data(), w, b, py, block);
     } else if (fuse_relu) {
       normalize<scalar_t, true>(x.data_ptr<scalar_t>(), d, mean.data(), invstd.data(), w, b,
                                 y.data_ptr<scalar_t>());
@@ -910,12 +1058,19 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
         const Tensor& x = s[0];
         // dy in the output's dtype, x's (a float32 consumer of a bfloat16 output sends float32).
         Tensor dy = ops::contiguous(ops::to(grad, x.dtype()), format);
+        // x may have been rearranged since the forward (by a reader unaware of the blocked
+        // layout); if it is still blocked, dy (and y) are brought to its layout.
+        const int64_t block = nhwc ? ops::blocked_block(x) : 0;
+        if (block != 0) dy = ops::to_blocked(dy, block);
+        const Tensor y_saved = add && block != 0 ? ops::to_blocked(s[iy], block)
+                               : add             ? s[iy]
+                                                 : Tensor();
         // With a residual, relu's masked gradient is what both batch norm and the residual get
         // (add_relu's backward); backward_nhwc computes it.
-        Tensor dy_masked = add ? ops::empty(x.shape(), x.options(), format) : Tensor();
+        Tensor dy_masked = add ? like(x, block, format) : Tensor();
         const bool relu_in_bn = fuse_relu && !add;
         autograd::Grads g(needs.size());
-        Tensor dx = needs[0] ? ops::empty(x.shape(), x.options(), format) : Tensor();
+        Tensor dx = needs[0] ? like(x, block, format) : Tensor();
         const size_t iw = 1, ib = has_w ? 2 : 1;
         const TensorOptions param_options = x.options().with_dtype(param_dtype(x));
         Tensor dw = has_w && needs[iw] ? ops::empty({d.c}, param_options) : Tensor();
@@ -925,15 +1080,15 @@ Tensor batch_norm_impl(const Tensor& x_in, const Tensor& running_mean, const Ten
         DDP_NN_DISPATCH_BF16(x.dtype(), "batch_norm backward", {
           using param_t = compute_t<scalar_t>;
           const param_t* w = has_w ? s[3].data_ptr<param_t>() : nullptr;
-          scalar_t* pdx = dx.defined() ? dx.data_ptr<scalar_t>() : nullptr;
+          scalar_t* pdx = dx.defined() ? stored<scalar_t>(dx, block) : nullptr;
           param_t* pdw = dw.defined() ? dw.data_ptr<param_t>() : nullptr;
           param_t* pdb = db.defined() ? db.data_ptr<param_t>() : nullptr;
           if (nhwc) {
             const param_t* b = relu_in_bn && has_b ? s[iy].data_ptr<param_t>() : nullptr;
-            const scalar_t* y = add ? s[iy].data_ptr<scalar_t>() : nullptr;
-            scalar_t* pmasked = add ? dy_masked.data_ptr<scalar_t>() : nullptr;
-            backward_nhwc(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), relu_in_bn, b, y,
-                          pmasked, d, mean, invstd, w, use_batch_stats, pdx, pdw, pdb);
+            const scalar_t* y = add ? stored<scalar_t>(y_saved, block) : nullptr;
+            scalar_t* pmasked = add ? stored<scalar_t>(dy_masked, block) : nullptr;
+            backward_nhwc(stored<scalar_t>(x, block), stored<scalar_t>(dy, block), relu_in_bn, b, y,
+                          pmasked, d, mean, invstd, w, use_batch_stats, pdx, pdw, pdb, block);
           } else {
             backward(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
                      relu_in_bn ? s[iy].data_ptr<scalar_t>() : nullptr, d, mean, invstd, w,
@@ -1062,8 +1217,13 @@ BatchNormMoments batch_norm_moments(const Tensor& x_in, bool generic) {
   DDP_CHECK(d.count() > 0, "batch_norm_moments: empty input " << shape_str(x.shape()));
   BatchNormMoments out{ops::empty({d.c}, kFloat64), ops::empty({d.c}, kFloat64)};
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_moments", {
-    auto* run = nhwc ? batch_moments_nhwc<scalar_t> : batch_moments<scalar_t>;
-    run(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(), out.m2.data_ptr<double>());
+    if (nhwc) {
+      batch_moments_nhwc(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(),
+                         out.m2.data_ptr<double>());
+    } else {
+      batch_moments(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(),
+                    out.m2.data_ptr<double>());
+    }
   });
   return out;
 }
@@ -1079,9 +1239,14 @@ Tensor batch_norm_normalize(const Tensor& x_in, const Tensor& mean, const Tensor
   Tensor bias = param_or_none(bias_in, x, d.c, "bias");
   Tensor y = ops::empty(x.shape(), x.options(), format);
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_normalize", {
-    auto* run = nhwc ? normalize_nhwc<scalar_t> : normalize<scalar_t>;
-    run(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd), data_or_null<scalar_t>(weight),
-        data_or_null<scalar_t>(bias), y.data_ptr<scalar_t>());
+    const scalar_t *w = data_or_null<scalar_t>(weight), *b = data_or_null<scalar_t>(bias);
+    if (nhwc) {
+      normalize_nhwc(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd), w, b,
+                     y.data_ptr<scalar_t>());
+    } else {
+      normalize(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd), w, b,
+                y.data_ptr<scalar_t>());
+    }
   });
   return y;
 }
@@ -1097,8 +1262,8 @@ Tensor batch_norm_grad_sums(const Tensor& x_in, const Tensor& dy_in, const Tenso
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_grad_sums", {
     const scalar_t *px = x.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
     if (nhwc) {
-      grad_sums_nhwc<scalar_t>(px, pdy, nullptr, nullptr, nullptr, d, doubles(mean),
-                               sums.data_ptr<double>());
+      grad_sums_nhwc<scalar_t>(px, pdy, nullptr, nullptr, nullptr, nhwc_blocks<scalar_t>(d),
+                               doubles(mean), sums.data_ptr<double>());
     } else {
       grad_sums(px, pdy, d, doubles(mean), sums.data_ptr<double>());
     }
@@ -1121,9 +1286,9 @@ Tensor batch_norm_input_grad(const Tensor& x_in, const Tensor& dy_in, const Tens
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_input_grad", {
     const scalar_t *px = x.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
     if (nhwc) {
-      input_grad_nhwc<scalar_t>(px, pdy, nullptr, d, doubles(mean), doubles(invstd),
-                                data_or_null<scalar_t>(weight), doubles(sums), count,
-                                dx.data_ptr<scalar_t>());
+      input_grad_nhwc<scalar_t>(px, pdy, nullptr, nhwc_blocks<scalar_t>(d), d, doubles(mean),
+                                doubles(invstd), data_or_null<scalar_t>(weight), doubles(sums),
+                                count, dx.data_ptr<scalar_t>());
     } else {
       input_grad(px, pdy, d, doubles(mean), doubles(invstd), data_or_null<scalar_t>(weight),
                  doubles(sums), count, dx.data_ptr<scalar_t>());

@@ -21,6 +21,7 @@
 #include "nn/autocast.h"
 #include "nn/functional_util.h"
 #include "tensor/backend.h"
+#include "tensor/blocked.h"
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
@@ -281,24 +282,42 @@ ops::MemoryFormat onednn_output_format(const Conv2dParams& p, const Tensor& x) {
                                                          : ops::MemoryFormat::Contiguous;
 }
 
+// Where oneDNN writes y, and backward gx, in its blocked layout (Note [Blocked activations] in
+// tensor/blocked.cpp): the block size, or 0.
+template <onednn::Precision P>
+int64_t onednn_output_block(const Conv2dParams& p, const Tensor& x, bool input_grad) {
+  return input_grad ? onednn::conv2d_input_grad_block(p, conv_types<P>(x))
+                    : onednn::conv2d_output_block(p, conv_types<P>(x));
+}
+
+// The bytes of an activation as they lie (blocked ones are not rearranged; the kernel is told
+// their layout through onednn::Blocks), or null.
+void* activation_bytes(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return ops::blocked_block(t) != 0 ? ops::as_stored(t).raw_data() : t.raw_data();
+}
+
 template <onednn::Precision P>
 void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                     const Tensor& y) {
-  onednn::conv2d_forward(p, x.raw_data(), w.data_ptr<float>(), ptr_or_null<float>(b), y.raw_data(),
-                         conv_types<P>(x));
+  const onednn::Blocks blocks{ops::blocked_block(x), ops::blocked_block(y)};
+  onednn::conv2d_forward(p, activation_bytes(x), w.data_ptr<float>(), ptr_or_null<float>(b),
+                         activation_bytes(y), conv_types<P>(x), nullptr, blocks);
 }
 
 template <onednn::Precision P>
 Tensor onednn_forward_keep(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                            const Tensor& y) {
   const onednn::ConvTypes types = conv_types<P>(x);
-  const size_t bytes = onednn::conv2d_saved_input_bytes(p, types);
+  const onednn::Blocks blocks{ops::blocked_block(x), ops::blocked_block(y)};
+  const size_t bytes = onednn::conv2d_saved_input_bytes(p, types, blocks.x);
   // A float32 tensor only as a byte buffer: its contents are in oneDNN's layout (and, in
   // bfloat16 precision, bfloat16).
   Tensor kept =
       bytes == 0 ? Tensor() : ops::empty({static_cast<int64_t>((bytes + 3) / 4)}, w.options());
-  onednn::conv2d_forward(p, x.raw_data(), w.data_ptr<float>(), ptr_or_null<float>(b), y.raw_data(),
-                         types, kept.defined() ? kept.raw_data() : nullptr);
+  onednn::conv2d_forward(p, activation_bytes(x), w.data_ptr<float>(), ptr_or_null<float>(b),
+                         activation_bytes(y), types, kept.defined() ? kept.raw_data() : nullptr,
+                         blocks);
   return kept;
 }
 
@@ -309,9 +328,14 @@ void* raw_or_null(const Tensor& t) {
 template <onednn::Precision P>
 void onednn_backward(const Conv2dParams& p, const Tensor& x, const Tensor& kept, const Tensor& gy,
                      const Tensor& w, const Tensor& gx, const Tensor& gw, const Tensor& gb) {
-  onednn::conv2d_backward(p, raw_or_null(x), raw_or_null(kept), gy.raw_data(),
-                          ptr_or_null<float>(w), raw_or_null(gx), ptr_or_null<float>(gw),
-                          ptr_or_null<float>(gb), conv_types<P>(x.defined() ? x : gx));
+  // x as forward saw it: forward's kept bytes were reordered from that layout. If x was blocked
+  // then and has been rearranged since (an unaware reader), kept is still right, and x unused.
+  const onednn::Blocks blocks{ops::blocked_block(x), 0, ops::blocked_block(gx),
+                              ops::blocked_block(gy)};
+  onednn::conv2d_backward(p, kept.defined() ? nullptr : activation_bytes(x), raw_or_null(kept),
+                          activation_bytes(gy), ptr_or_null<float>(w), activation_bytes(gx),
+                          ptr_or_null<float>(gw), ptr_or_null<float>(gb),
+                          conv_types<P>(x.defined() ? x : gx), blocks);
 }
 
 template <onednn::Precision P>
@@ -331,11 +355,11 @@ constexpr auto kBF16 = onednn::Precision::BFloat16;
 constexpr ConvKernels kOneDnnKernels{"ConvolutionBackward(oneDNN)", onednn_forward<kF32>,
                                      onednn_backward_data<kF32>,    onednn_backward_weights<kF32>,
                                      onednn_forward_keep<kF32>,     onednn_backward<kF32>,
-                                     onednn_output_format<kF32>};
+                                     onednn_output_format<kF32>,    onednn_output_block<kF32>};
 constexpr ConvKernels kOneDnnBf16Kernels{
     "ConvolutionBackward(oneDNN bf16)", onednn_forward<kBF16>,      onednn_backward_data<kBF16>,
     onednn_backward_weights<kBF16>,     onednn_forward_keep<kBF16>, onednn_backward<kBF16>,
-    onednn_output_format<kBF16>};
+    onednn_output_format<kBF16>,        onednn_output_block<kBF16>};
 constexpr ConvKernels kIm2colKernels{"ConvolutionBackward(im2col)", im2col_conv2d_forward,
                                      im2col_conv2d_backward_data, im2col_conv2d_backward_weights};
 
@@ -372,8 +396,13 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   const DType y_dtype = kernels == &kOneDnnBf16Kernels ? kBFloat16 : x.dtype();
   const ops::MemoryFormat y_format =
       takes_nhwc ? kernels->output_format(p, x) : ops::MemoryFormat::Contiguous;
-  Tensor y =
-      ops::empty({p.n, p.o, p.out_h(), p.out_w()}, x.options().with_dtype(y_dtype), y_format);
+  const Shape y_shape{p.n, p.o, p.out_h(), p.out_w()};
+  const int64_t y_block =
+      kernels->output_block != nullptr && y_format == ops::MemoryFormat::ChannelsLast
+          ? kernels->output_block(p, x, false)
+          : 0;
+  Tensor y = y_block != 0 ? ops::empty_blocked(y_shape, x.options().with_dtype(y_dtype), y_block)
+                          : ops::empty(y_shape, x.options().with_dtype(y_dtype), y_format);
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
   const bool record = autograd::needs_grad(inputs);
@@ -396,7 +425,14 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
         Tensor gy = ops::contiguous(ops::to(grad, y_dtype), y_format);
         autograd::Grads g(needs.size());
         const bool want_bias = p.has_bias && needs[2];
-        if (needs[0]) g[0] = ops::empty(x.shape(), x.options(), x_format);
+        if (needs[0]) {
+          const int64_t gx_block =
+              kernels->output_block != nullptr && x_format == ops::MemoryFormat::ChannelsLast
+                  ? kernels->output_block(p, x, true)
+                  : 0;
+          g[0] = gx_block != 0 ? ops::empty_blocked(x.shape(), x.options(), gx_block)
+                               : ops::empty(x.shape(), x.options(), x_format);
+        }
         if (needs[1]) {
           g[1] = ops::empty(w.shape(), w.options());
           // The weights pass also sums the bias gradient, saving a second pass over gy.

@@ -55,6 +55,11 @@ struct ConvKernels {
   // says in which format they write y (Note [Channels last] in tensor/ops_create.cpp). Null: the
   // kernels take row-major arrays only.
   ops::MemoryFormat (*output_format)(const onednn::Conv2dParams& p, const Tensor& x) = nullptr;
+  // Kernels that write y (input_grad false) or gx (true) in a blocked layout where it pays set
+  // this; it gives the block size, or 0 (Note [Blocked activations] in tensor/blocked.cpp).
+  // Such kernels also read blocked x and gy.
+  int64_t (*output_block)(const onednn::Conv2dParams& p, const Tensor& x,
+                          bool input_grad) = nullptr;
 };
 
 // conv2d with a chosen kernel: `use_onednn` false forces the im2col path (float32 allowed).

@@ -94,6 +94,20 @@ struct Arg {
   }
 };
 
+// nChw16c: the blocked layout of Note [Blocked activations] (tensor/blocked.cpp).
+constexpr int64_t kBlock = 16;
+memory::desc blocked_desc(const memory::desc& plain) {
+  return {plain.dims(), plain.data_type(), tag::aBcd16b};
+}
+
+// The argument `a` for a caller that holds the array blocked instead: no reorder where the
+// primitive reads or writes that very layout. Only arrays whose channels fill whole blocks can be
+// blocked; for others the twin is never asked for and stays empty.
+Arg blocked_twin(const Arg& a, bool is_input) {
+  if (a.user.dims()[1] % kBlock != 0) return {};
+  return {blocked_desc(a.user), a.prim, is_input};
+}
+
 // Temporary blocked-layout buffers of one call; freed (back to the cache) when the call returns.
 struct Scratch {
   std::vector<DataPtr> buffers;
@@ -280,12 +294,15 @@ struct ConvPrimitives {
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   Arg fwd_x, fwd_w, fwd_y;
+  Arg fwd_x_b, fwd_y_b;  // blocked_twin of fwd_x, fwd_y; likewise below
 
   std::once_flag bwd_data_once, bwd_weights_once;
   dnnl::convolution_backward_data bwd_data;
   Arg bd_gy, bd_w, bd_gx;
+  Arg bd_gy_b, bd_gx_b;
   dnnl::convolution_backward_weights bwd_weights;
   Arg bw_x, bw_gy, bw_gw;
+  Arg bw_x_b, bw_gy_b;
 
   // `use_winograd`: winograd_pays, decided once by the caller that keys the cache with it.
   ConvPrimitives(const Conv2dParams& params, ConvTypes types, bool use_winograd)
@@ -331,6 +348,8 @@ struct ConvPrimitives {
     fwd_x = Arg(x_plain, fwd_pd.src_desc(), true);
     fwd_w = Arg(w_plain, fwd_pd.weights_desc(), true);
     fwd_y = Arg(y_plain, fwd_pd.dst_desc(), false);
+    fwd_x_b = blocked_twin(fwd_x, true);
+    fwd_y_b = blocked_twin(fwd_y, false);
   }
 
   void build_backward_data() {
@@ -346,6 +365,8 @@ struct ConvPrimitives {
     bd_gy = Arg(y_plain, pd.diff_dst_desc(), true);
     bd_w = Arg(w_plain, pd.weights_desc(), true);
     bd_gx = Arg(x_plain, pd.diff_src_desc(), false);
+    bd_gy_b = blocked_twin(bd_gy, true);
+    bd_gx_b = blocked_twin(bd_gx, false);
   }
 
   void build_backward_weights() {
@@ -384,6 +405,8 @@ struct ConvPrimitives {
     bw_x = Arg(x_plain, pd.src_desc(), true);
     bw_gy = Arg(y_plain, pd.diff_dst_desc(), true);
     bw_gw = Arg(w_plain, pd.diff_weights_desc(), false);
+    bw_x_b = blocked_twin(bw_x, true);
+    bw_gy_b = blocked_twin(bw_gy, true);
   }
 };
 
@@ -463,44 +486,91 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
   return primitives_for(p, types).y_nhwc;
 }
 
-size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types) {
+namespace {
+
+std::atomic<bool>& blocked_setting() {
+  static std::atomic<bool> on([] {
+    const char* v = std::getenv("DDPLAB_BLOCKED");
+    return v == nullptr || v[0] != '0';
+  }());
+  return on;
+}
+
+// Whether an activation array of `channels` held by the caller as `plain` may be blocked, and the
+// primitive works in nChw16c on it (`prim`).
+int64_t block_for(const memory::desc& plain, const memory::desc& prim, int64_t channels,
+                  bool channels_last) {
+  const bool wants = blocked_setting().load() && channels_last && channels > kBlock &&
+                     channels % kBlock == 0 && prim == blocked_desc(plain);
+  return wants ? kBlock : 0;
+}
+
+}  // namespace
+
+void set_blocked_activations(bool on) {
+  blocked_setting().store(on);
+}
+
+bool blocked_activations() {
+  return blocked_setting().load();
+}
+
+int64_t conv2d_output_block(const Conv2dParams& p, ConvTypes types) {
+  ConvPrimitives& cp = primitives_for(p, types);
+  return block_for(cp.y_plain, cp.fwd_pd.dst_desc(), p.o, cp.y_nhwc);
+}
+
+int64_t conv2d_input_grad_block(const Conv2dParams& p, ConvTypes types) {
+  ConvPrimitives& cp = primitives_for(p, types);
+  return guarded(p, "backward data primitive creation", [&] {
+    std::call_once(cp.bwd_data_once, [&] { cp.build_backward_data(); });
+    return block_for(cp.x_plain, cp.bd_gx.prim, p.c, types.x_nhwc);
+  });
+}
+
+size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types, int64_t x_block) {
   ConvPrimitives& cp = primitives_for(p, types);
   return guarded(p, "backward weights primitive creation", [&]() -> size_t {
     std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
+    const Arg& fx = x_block != 0 ? cp.fwd_x_b : cp.fwd_x;
+    const Arg& bx = x_block != 0 ? cp.bw_x_b : cp.bw_x;
     // Worth keeping only when forward reorders x anyway and backward would redo the same reorder.
-    const bool same = cp.fwd_x.reorder && cp.bw_x.reorder && cp.fwd_x.prim == cp.bw_x.prim;
-    return same ? cp.fwd_x.prim.get_size() : 0;
+    const bool same = fx.reorder && bx.reorder && fx.prim == bx.prim;
+    return same ? fx.prim.get_size() : 0;
   });
 }
 
 void conv2d_forward(const Conv2dParams& p, const void* x, const float* w, const float* b, void* y,
-                    ConvTypes types, void* x_saved) {
+                    ConvTypes types, void* x_saved, Blocks blocks) {
   ConvPrimitives& cp = primitives_for(p, types);
   guarded(p, "forward", [&] {
+    const Arg& ax = blocks.x != 0 ? cp.fwd_x_b : cp.fwd_x;
+    const Arg& ay = blocks.y != 0 ? cp.fwd_y_b : cp.fwd_y;
     Scratch s;
     memory xm;
     if (x_saved != nullptr) {  // the reorder writes where backward will find it
-      memory user(cp.fwd_x.user, engine(), const_cast<void*>(x));
-      xm = memory(cp.fwd_x.prim, engine(), x_saved);
-      cp.fwd_x.reorder->execute(stream(), user, xm);
+      memory user(ax.user, engine(), const_cast<void*>(x));
+      xm = memory(ax.prim, engine(), x_saved);
+      ax.reorder->execute(stream(), user, xm);
     } else {
-      xm = stage_input(cp.fwd_x, x, s);
+      xm = stage_input(ax, x, s);
     }
     memory wm = stage_input(cp.fwd_w, w, s);
-    memory ym = stage_output(cp.fwd_y, y, s);
+    memory ym = stage_output(ay, y, s);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
     if (p.has_bias) {
       args.emplace(DNNL_ARG_BIAS, memory(cp.b_plain, engine(), const_cast<float*>(b)));
     }
     cp.fwd.execute(stream(), args);
-    finish_output(cp.fwd_y, ym, y);
+    finish_output(ay, ym, y);
     stream().wait();
   });
 }
 
 void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, const void* gy,
-                     const float* w, void* gx, float* gw, float* gb, ConvTypes types) {
+                     const float* w, void* gx, float* gw, float* gb, ConvTypes types,
+                     Blocks blocks) {
   ConvPrimitives& cp = primitives_for(p, types);
   guarded(p, "backward", [&] {
     Scratch s;
@@ -509,20 +579,23 @@ void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, 
     std::optional<memory> gy_data;
     if (gx != nullptr) {
       std::call_once(cp.bwd_data_once, [&] { cp.build_backward_data(); });
-      gy_data = stage_input(cp.bd_gy, gy, s);
+      const Arg& agy = blocks.gy != 0 ? cp.bd_gy_b : cp.bd_gy;
+      const Arg& agx = blocks.gx != 0 ? cp.bd_gx_b : cp.bd_gx;
+      gy_data = stage_input(agy, gy, s);
       memory wm = stage_input(cp.bd_w, w, s);
-      memory gxm = stage_output(cp.bd_gx, gx, s);
+      memory gxm = stage_output(agx, gx, s);
       cp.bwd_data.execute(
           stream(),
           {{DNNL_ARG_DIFF_DST, *gy_data}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, gxm}});
-      finish_output(cp.bd_gx, gxm, gx);
+      finish_output(agx, gxm, gx);
     }
     if (gw != nullptr) {
       std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
-      memory xm = x_saved != nullptr ? memory(cp.bw_x.prim, engine(), const_cast<void*>(x_saved))
-                                     : stage_input(cp.bw_x, x, s);
-      memory gym =
-          gy_data && cp.bd_gy.prim == cp.bw_gy.prim ? *gy_data : stage_input(cp.bw_gy, gy, s);
+      const Arg& ax = blocks.x != 0 ? cp.bw_x_b : cp.bw_x;
+      const Arg& agy = blocks.gy != 0 ? cp.bw_gy_b : cp.bw_gy;
+      memory xm = x_saved != nullptr ? memory(ax.prim, engine(), const_cast<void*>(x_saved))
+                                     : stage_input(ax, x, s);
+      memory gym = gy_data && cp.bd_gy.prim == cp.bw_gy.prim ? *gy_data : stage_input(agy, gy, s);
       memory gwm = stage_output(cp.bw_gw, gw, s);
       std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, xm}, {DNNL_ARG_DIFF_DST, gym}, {DNNL_ARG_DIFF_WEIGHTS, gwm}};

@@ -79,6 +79,24 @@ bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 // x is NHWC, so that a channels-last network stays channels-last (Note [Channels last]).
 bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types = {});
 
+// Note [Blocked activations] (tensor/blocked.cpp): the block size of oneDNN's nChw<B>c in which a
+// float32 convolution with `types` writes y (conv2d_output_block) and, backward, gx
+// (conv2d_input_grad_block), or 0 where it writes them as conv2d_output_nhwc and x_nhwc say: B
+// (16 on AVX-512) where its kernel works in that layout, the tensor would be channels-last, and
+// the channels are more than one block (with one, nChw16c is NHWC byte for byte). Off (always 0)
+// after set_blocked_activations(false) or with DDPLAB_BLOCKED=0.
+int64_t conv2d_output_block(const Conv2dParams& p, ConvTypes types = {});
+int64_t conv2d_input_grad_block(const Conv2dParams& p, ConvTypes types = {});
+void set_blocked_activations(bool on);
+bool blocked_activations();
+
+// The blocked layouts of the activation arrays of one call: 0 for an array laid out as `types`
+// and conv2d_output_nhwc say, B for nChw<B>c as conv2d_output_block / conv2d_input_grad_block (or
+// the tensor handed in) say.
+struct Blocks {
+  int64_t x = 0, y = 0, gx = 0, gy = 0;
+};
+
 // y = conv(x, w) + b. All pointers address dense arrays, the activations laid out as `types`
 // and conv2d_output_nhwc say and w OIHW: x and y of the types
 // `types` gives, w and b float32; b may be null when !has_bias. x_saved (optional;
@@ -86,16 +104,17 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types = {});
 // reads, for conv2d_backward: forward reorders x into that layout anyway, so keeping the result
 // saves backward the same reorder (at the price of the memory).
 void conv2d_forward(const Conv2dParams& p, const void* x, const float* w, const float* b, void* y,
-                    ConvTypes types = {}, void* x_saved = nullptr);
+                    ConvTypes types = {}, void* x_saved = nullptr, Blocks blocks = {});
 // The size of forward's x_saved, or 0 when keeping it saves nothing (x needs no reorder, or
 // forward and backward weights read different layouts).
-size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types = {});
+size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types = {}, int64_t x_block = 0);
 // The gradients from gy = dL/dy in one call: gx = dL/dx unless gx is null, gw = dL/dw (and gb =
 // dL/db unless null) unless gw is null; overwritten, not accumulated. x_saved is forward's (or
 // null: x is read). One call instead of the two below lets both read gy reordered once. gy has
 // y's type, gx x's (`types`); gw and gb are float32.
 void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, const void* gy,
-                     const float* w, void* gx, float* gw, float* gb, ConvTypes types = {});
+                     const float* w, void* gx, float* gw, float* gb, ConvTypes types = {},
+                     Blocks blocks = {});
 // gx = dL/dx from gy = dL/dy.
 void conv2d_backward_data(const Conv2dParams& p, const void* gy, const float* w, void* gx,
                           ConvTypes types = {});

@@ -1,5 +1,8 @@
 // Elementwise ops: type promotion, broadcasting, then one backend call per op.
+#include <initializer_list>
+
 #include "tensor/backend.h"
+#include "tensor/blocked.h"
 #include "tensor/functors.h"
 #include "tensor/ops.h"
 
@@ -47,10 +50,33 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* what) {
                                            << ")");
 }
 
+// Whether tensors of one shape and dtype, all blocked alike (Note [Blocked activations] in
+// tensor/blocked.cpp), can be walked as they lie: an elementwise op pairs the i-th value of each
+// flat array, and the blocked order is the same permutation of every one of them. Returns the
+// block size, or 0.
+int64_t common_block(std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  const int64_t block = blocked_block(first);
+  if (block == 0) return 0;
+  for (const Tensor* t : ts) {
+    if (t->shape() != first.shape() || t->dtype() != first.dtype() || blocked_block(*t) != block) {
+      return 0;
+    }
+  }
+  return block;
+}
+
 Tensor unary_out(UnaryOp op, const Tensor& t, double a = 0, double b = 0) {
   int i = static_cast<int>(op);
   DDP_CHECK(t.dtype() != kBool || kUnaryPredicate[i],
             kUnaryName[i] << ": not supported for bool tensors");
+  if (const int64_t block = common_block({&t});
+      block != 0 && compute_dtype(t.dtype(), kUnaryFloatOnly[i]) == t.dtype()) {
+    Tensor out =
+        empty_blocked(t.shape(), {kUnaryPredicate[i] ? kBool : t.dtype(), t.device()}, block);
+    backend_for(t.device()).unary(op, as_stored(out), as_stored(t), a, b);
+    return out;
+  }
   Tensor in = to(t, compute_dtype(t.dtype(), kUnaryFloatOnly[i]));
   Tensor out = empty(t.shape(), {kUnaryPredicate[i] ? kBool : in.dtype(), t.device()},
                      suggest_memory_format(t));
@@ -62,6 +88,10 @@ void unary_inplace(UnaryOp op, const Tensor& t, double a = 0, double b = 0) {
   int i = static_cast<int>(op);
   DDP_CHECK(!kUnaryFloatOnly[i] || is_floating(t.dtype()),
             kUnaryName[i] << "_: in-place op needs a floating tensor, got " << t.dtype());
+  if (common_block({&t}) != 0) {
+    backend_for(t.device()).unary(op, as_stored(t), as_stored(t), a, b);
+    return;
+  }
   backend_for(t.device()).unary(op, t, t, a, b);
 }
 
@@ -81,6 +111,11 @@ Tensor binary_out(BinaryOp op, const Tensor& x, const Tensor& y, double alpha = 
   Shape shape = broadcast_shapes(x.shape(), y.shape(), kBinaryName[i]);
   DType dt = compute_dtype(promote_types(x.dtype(), y.dtype()), kBinaryFloatOnly[i]);
   if (dt == kBool) dt = kUInt8;  // arithmetic on bools computes in uint8
+  if (const int64_t block = common_block({&x, &y}); block != 0 && dt == x.dtype()) {
+    Tensor out = empty_blocked(shape, {kBinaryPredicate[i] ? kBool : dt, x.device()}, block);
+    backend_for(x.device()).binary(op, as_stored(out), as_stored(x), as_stored(y), alpha, beta);
+    return out;
+  }
   Tensor xs = expand(to(x, dt), shape), ys = expand(to(y, dt), shape);
   Tensor out = empty(shape, {kBinaryPredicate[i] ? kBool : dt, x.device()}, result_format(x, y));
   backend_for(x.device()).binary(op, out, xs, ys, alpha, beta);
@@ -97,6 +132,10 @@ void binary_inplace(BinaryOp op, const Tensor& t, const Tensor& other, double al
                                                << shape_str(t.shape()));
   DDP_CHECK(!kBinaryFloatOnly[i] || is_floating(t.dtype()),
             kBinaryName[i] << "_: in-place op needs a floating tensor, got " << t.dtype());
+  if (common_block({&t, &other}) != 0) {
+    backend_for(t.device()).binary(op, as_stored(t), as_stored(t), as_stored(other), alpha, beta);
+    return;
+  }
   backend_for(t.device()).binary(op, t, t, expand(to(other, t.dtype()), shape), alpha, beta);
 }
 

@@ -62,6 +62,7 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::raw_data() const {
+  storage().ensure_strided();  // Note [Blocked activations] in tensor/blocked.cpp
   return static_cast<char*>(storage().data()) + offset_bytes();
 }
 

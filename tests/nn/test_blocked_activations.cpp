@@ -1,0 +1,278 @@
+// Activations in oneDNN's blocked layout (Note [Blocked activations] in tensor/blocked.cpp): the
+// storage mark and its conversion for unaware readers, the elementwise ops that keep it, batch
+// norm's blocked loops against its channels-last ones, and convolutions that write and read it
+// against the same convolutions with the layout off.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "models/resnet.h"
+#include "nn/functional.h"
+#include "nn/onednn.h"
+#include "tensor/blocked.h"
+#include "tensor/ops.h"
+
+using namespace ddplab;
+namespace F = nn::functional;
+using ops::MemoryFormat;
+
+namespace {
+
+// Restores the blocked-activations switch when a test ends.
+struct BlockedSwitch {
+  bool was = nn::onednn::blocked_activations();
+  explicit BlockedSwitch(bool on) { nn::onednn::set_blocked_activations(on); }
+  ~BlockedSwitch() { nn::onednn::set_blocked_activations(was); }
+  BlockedSwitch(const BlockedSwitch&) = delete;
+  BlockedSwitch& operator=(const BlockedSwitch&) = delete;
+};
+
+Tensor channels_last(const Tensor& t) {
+  return ops::contiguous(t, MemoryFormat::ChannelsLast);
+}
+
+}  // namespace
+
+TEST_CASE("blocked layout: to_blocked puts every value where nChw16c says, raw_data puts it back") {
+  Generator g(3);
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
+    CAPTURE(dtype_name(dtype));
+    const Shape s{3, 32, 5, 7};
+    Tensor x = channels_last(ops::to(ops::randn(s, kFloat64, &g), dtype));
+    Tensor b = ops::to_blocked(x, 16);
+    REQUIRE(ops::blocked_block(b) == 16);
+    // The bytes as they lie: [n][c / 16][h][w][c % 16].
+    const std::vector<double> stored = ops::as_stored(b).to_vector<double>();  // NHWC-strided view
+    const std::vector<double> want = x.to_vector<double>();                    // [n][c][h][w]
+    // as_stored(b) reads the blocked bytes through NHWC strides: element (n, c, h, w) of that view
+    // is the byte at NHWC offset ((n * H + h) * W + w) * C + c.
+    auto at_nhwc = [&](int64_t n, int64_t c, int64_t h, int64_t w) {
+      return ((n * s[2] + h) * s[3] + w) * s[1] + c;
+    };
+    std::vector<double> bytes(stored.size());
+    for (int64_t n = 0; n < s[0]; ++n)
+      for (int64_t c = 0; c < s[1]; ++c)
+        for (int64_t h = 0; h < s[2]; ++h)
+          for (int64_t w = 0; w < s[3]; ++w)
+            bytes[static_cast<size_t>(at_nhwc(n, c, h, w))] =
+                stored[static_cast<size_t>(((n * s[1] + c) * s[2] + h) * s[3] + w)];
+    int64_t wrong = 0;
+    for (int64_t n = 0; n < s[0]; ++n)
+      for (int64_t c = 0; c < s[1]; ++c)
+        for (int64_t h = 0; h < s[2]; ++h)
+          for (int64_t w = 0; w < s[3]; ++w) {
+            const int64_t blocked =
+                (((n * (s[1] / 16) + c / 16) * s[2] + h) * s[3] + w) * 16 + c % 16;
+            if (bytes[static_cast<size_t>(blocked)] !=
+                want[static_cast<size_t>(((n * s[1] + c) * s[2] + h) * s[3] + w)])
+              ++wrong;
+          }
+    CHECK(wrong == 0);
+    // An unaware reader gets the values back, and the mark is gone for every alias.
+    Tensor alias = b.detach();
+    CHECK(ops::max_abs_diff(b, x) == 0);
+    CHECK(ops::blocked_block(b) == 0);
+    CHECK(ops::blocked_block(alias) == 0);
+    CHECK(ops::max_abs_diff(alias, x) == 0);
+  }
+}
+
+TEST_CASE("blocked layout: views, in-place writes and aliases see one set of values") {
+  Generator g(5);
+  Tensor x = channels_last(ops::randn({2, 32, 3, 4}, kFloat32, &g));
+  {
+    Tensor b = ops::to_blocked(x, 16);
+    Tensor part = ops::narrow(b, 1, 16, 16);  // a view: not whole, so it converts the storage
+    CHECK(ops::blocked_block(part) == 0);
+    CHECK(ops::max_abs_diff(part, ops::narrow(x, 1, 16, 16)) == 0);
+    CHECK(ops::blocked_block(b) == 0);
+  }
+  {
+    Tensor b = ops::to_blocked(x, 16);
+    Tensor alias = b.detach();
+    ops::mul_(alias, 2.0);  // broadcast scalar: unaware, converts first, then writes
+    CHECK(ops::max_abs_diff(b, ops::mul(x, 2.0)) == 0);
+  }
+  {
+    // Elementwise ops whose operands are blocked alike keep the layout and the values.
+    Tensor a = ops::to_blocked(x, 16),
+           b = ops::to_blocked(ops::randn({2, 32, 3, 4}, kFloat32, &g), 16);
+    Tensor b_values = ops::clone(b);  // an unaware copy of the values, for the expected results
+    Tensor b2 = ops::to_blocked(b_values, 16);
+    Tensor sum = ops::add(a, b2);
+    CHECK(ops::blocked_block(sum) == 16);
+    Tensor r = ops::relu(sum);
+    CHECK(ops::blocked_block(r) == 16);
+    ops::add_(r, a);
+    CHECK(ops::blocked_block(r) == 16);
+    Tensor want = ops::add(ops::relu(ops::add(x, b_values)), x);
+    CHECK(ops::max_abs_diff(r, want) == 0);
+    CHECK(ops::blocked_block(r) == 0);  // max_abs_diff read it
+  }
+}
+
+TEST_CASE("batch norm on blocked x: the channels-last results, forward and backward") {
+  // The blocked loops walk the values in the channels-last loops' blocks and lanes, so every
+  // result is the same bits (nn/batchnorm_kernels.cpp, NhwcBlocks). Shapes: planes (one sample's
+  // 16 channels) shorter than a block, a block then spanning several and ending inside one, in a
+  // lane group (9x11 planes: 99 pixels, 4 to a group) or at its end; planes longer than a block;
+  // one pixel per plane; 48 channels (lanes not a constant width).
+  const std::vector<Shape> shapes{
+      {6, 32, 9, 11}, {3, 48, 20, 20}, {5, 64, 8, 8}, {9, 32, 1, 1}, {8, 32, 16, 16}};
+  Generator g(11);
+  for (DType dtype : {kFloat64, kFloat32}) {
+    for (const Shape& s : shapes) {
+      Tensor x0 = channels_last(ops::to(ops::add(ops::randn(s, kFloat64, &g), 0.3), dtype));
+      Tensor r0 = channels_last(ops::to(ops::randn(s, kFloat64, &g), dtype));
+      Tensor w0 = ops::to(ops::randn({s[1]}, kFloat64, &g), dtype);
+      Tensor b0 = ops::to(ops::randn({s[1]}, kFloat64, &g), dtype);
+      Tensor dy = channels_last(ops::to(ops::randn(s, kFloat64, &g), dtype));
+      for (int op = 0; op < 3; ++op) {          // batch_norm, batch_norm_relu, batch_norm_add_relu
+        for (int mode = 0; mode < 2; ++mode) {  // training, eval
+          const bool training = mode == 0;
+          CAPTURE(dtype_name(dtype));
+          CAPTURE(shape_str(s));
+          CAPTURE(op);
+          CAPTURE(training);
+          std::vector<Tensor> out[2];
+          for (int blocked = 0; blocked < 2; ++blocked) {
+            Tensor x = blocked ? ops::to_blocked(x0, 16) : channels_last(ops::clone(x0));
+            Tensor r = blocked ? ops::to_blocked(r0, 16) : channels_last(ops::clone(r0));
+            Tensor w = ops::clone(w0), b = ops::clone(b0);
+            for (Tensor* t : {&x, &r, &w, &b}) t->set_requires_grad(true);
+            Tensor rm = ops::full({s[1]}, 0.25, dtype), rv = ops::full({s[1]}, 1.5, dtype);
+            Tensor y = op == 0   ? F::batch_norm(x, rm, rv, w, b, training)
+                       : op == 1 ? F::batch_norm_relu(x, rm, rv, w, b, training)
+                                 : F::batch_norm_add_relu(x, r, rm, rv, w, b, training);
+            if (s[2] * s[3] > 1) CHECK(ops::blocked_block(y) == (blocked ? 16 : 0));
+            Tensor g_in = blocked ? ops::to_blocked(dy, 16) : dy;
+            out[blocked] = op == 2 ? autograd::grad({y}, {x, w, b, r}, {g_in})
+                                   : autograd::grad({y}, {x, w, b}, {g_in});
+            if (s[2] * s[3] > 1) CHECK(ops::blocked_block(out[blocked][0]) == (blocked ? 16 : 0));
+            for (const Tensor& t : {y, rm, rv}) out[blocked].push_back(t);
+          }
+          for (size_t i = 0; i < out[0].size(); ++i) {
+            CAPTURE(i);
+            CHECK(ops::max_abs_diff(out[1][i], out[0][i]) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("resnet20 with blocked activations: the same bits as without them") {
+  // One forward and backward at batch 8 with the layout on and off, from the same weights and
+  // images: logits, loss and every parameter's gradient are equal exactly (convolutions, batch
+  // norm and the gradient sums all compute the same bits in either layout).
+  Generator gen(41);
+  const Tensor images = ops::randn({8, 3, 32, 32}, {}, &gen);
+  const Tensor labels = ops::randint(0, 10, {8}, &gen);
+  std::vector<Tensor> results[2];
+  for (int on = 0; on < 2; ++on) {
+    BlockedSwitch blocked(on == 1);
+    manual_seed(5);  // the same initial weights both times
+    auto model = models::cifar_resnet(20, 10);
+    Tensor logits = (*model)(images);
+    Tensor loss = F::cross_entropy(logits, labels);
+    loss.backward();
+    results[on] = {logits.detach(), loss.detach()};
+    for (auto& [name, p] : model->named_parameters()) results[on].push_back(p.grad());
+  }
+  REQUIRE(results[0].size() == results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    CAPTURE(i);
+    CHECK(ops::max_abs_diff(results[1][i], results[0][i]) == 0);
+  }
+}
+
+TEST_CASE("conv2d with blocked activations: the same bits as with channels-last ones") {
+  // The primitive is the same either way; only the reorders around it differ, so y and every
+  // gradient must be equal exactly, whether x and gy come in blocked or channels-last, and y and
+  // gx must come out blocked where the kernel works in nChw16c (32 and 64 channels on AVX-512).
+  if (!nn::onednn::cpu_has_bf16_kernels()) return;  // no AVX-512: no 16-channel blocks
+  struct Conv {
+    int64_t c, o, k, stride, pad;
+  };
+  const std::vector<Conv> convs{{32, 32, 3, 1, 1}, {32, 64, 3, 2, 1}, {32, 64, 1, 2, 0},
+                                {16, 32, 3, 1, 1}, {64, 64, 3, 1, 1}, {48, 32, 3, 1, 1}};
+  Generator g(17);
+  for (const Conv& cv : convs) {
+    CAPTURE(cv.c);
+    CAPTURE(cv.o);
+    CAPTURE(cv.k);
+    CAPTURE(cv.stride);
+    const Shape xs{4, cv.c, 12, 12};
+    Tensor x0 = channels_last(ops::randn(xs, kFloat32, &g));
+    Tensor w0 = ops::randn({cv.o, cv.c, cv.k, cv.k}, kFloat32, &g);
+    Tensor b0 = ops::randn({cv.o}, kFloat32, &g);
+    const int64_t oh = (12 + 2 * cv.pad - cv.k) / cv.stride + 1;
+    Tensor dy = channels_last(ops::randn({4, cv.o, oh, oh}, kFloat32, &g));
+    std::vector<Tensor> out[3];
+    for (int run = 0; run < 3; ++run) {  // layout off; on with x as given; on with x blocked
+      BlockedSwitch blocked(run > 0);
+      Tensor x =
+          run == 2 && cv.c % 16 == 0 ? ops::to_blocked(x0, 16) : channels_last(ops::clone(x0));
+      Tensor w = ops::clone(w0), b = ops::clone(b0);
+      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+      Tensor y = F::conv2d(x, w, b, {cv.stride, cv.stride}, {cv.pad, cv.pad});
+      if (run > 0 && cv.o > 16) CHECK(ops::blocked_block(y) == 16);
+      if (run == 0) CHECK(ops::blocked_block(y) == 0);
+      Tensor gy = run > 0 && ops::blocked_block(y) != 0 ? ops::to_blocked(dy, 16) : dy;
+      out[run] = autograd::grad({y}, {x, w, b}, {gy});
+      if (run > 0 && cv.c > 16) CHECK(ops::blocked_block(out[run][0]) == 16);
+      out[run].push_back(y);
+    }
+    for (int run = 1; run < 3; ++run) {
+      for (size_t i = 0; i < out[0].size(); ++i) {
+        CAPTURE(run);
+        CAPTURE(i);
+        CHECK(ops::max_abs_diff(out[run][i], out[0][i]) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("two residual blocks with blocked activations: the same bits as without them") {
+  // resnet20's 32-channel stage in miniature: x -> conv -> batch_norm_relu -> conv ->
+  // batch_norm_add_relu(., x), twice. The block input feeds a convolution and the residual, so
+  // its gradient is a sum of two (autograd adds them, blocked); the first block's residual is
+  // channels-last, the second's blocked.
+  Generator g(23);
+  const Shape s{8, 32, 16, 16};
+  Tensor x0 = channels_last(ops::randn(s, kFloat32, &g));
+  std::vector<Tensor> w0(4);
+  for (Tensor& w : w0) w = ops::mul(ops::randn({32, 32, 3, 3}, kFloat32, &g), 0.1);
+  Tensor dy = ops::randn(s, kFloat32, &g);
+  std::vector<Tensor> out[2];
+  for (int on = 0; on < 2; ++on) {
+    BlockedSwitch blocked(on == 1);
+    Tensor x = channels_last(ops::clone(x0));
+    // Four convolutions, each followed by a batch norm with its own weight and bias.
+    std::vector<Tensor> w(4), gamma(4), beta(4), leaves{x};
+    for (size_t i = 0; i < 4; ++i) {
+      w[i] = ops::clone(w0[i]);
+      gamma[i] = ops::ones({32});
+      beta[i] = ops::zeros({32});
+      for (Tensor* t : {&w[i], &gamma[i], &beta[i]}) leaves.push_back(*t);
+    }
+    for (Tensor& t : leaves) t.set_requires_grad(true);
+    Tensor h = x;
+    for (size_t a = 0; a < 4; a += 2) {
+      const size_t b = a + 1;
+      Tensor u = F::batch_norm_relu(F::conv2d(h, w[a], Tensor(), {1, 1}, {1, 1}), Tensor(),
+                                    Tensor(), gamma[a], beta[a], true);
+      h = F::batch_norm_add_relu(F::conv2d(u, w[b], Tensor(), {1, 1}, {1, 1}), h, Tensor(),
+                                 Tensor(), gamma[b], beta[b], true);
+    }
+    if (on == 1) CHECK(ops::blocked_block(h) == 16);
+    out[on] = autograd::grad({h}, leaves, {dy});
+    out[on].push_back(h);
+  }
+  for (size_t i = 0; i < out[0].size(); ++i) {
+    CAPTURE(i);
+    CHECK(ops::max_abs_diff(out[1][i], out[0][i]) == 0);
+  }
+}
