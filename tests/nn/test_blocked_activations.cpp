@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -274,5 +275,48 @@ TEST_CASE("two residual blocks with blocked activations: the same bits as withou
   for (size_t i = 0; i < out[0].size(); ++i) {
     CAPTURE(i);
     CHECK(ops::max_abs_diff(out[1][i], out[0][i]) == 0);
+  }
+}
+
+TEST_CASE("max_pool2d 2x2 on blocked x: the channels-last results, blocked") {
+  // The channels-last kernel run on the blocked bytes as N * C/16 images of 16 channels (its
+  // 16-channel loops are compiled apart): y, the gradient and their layouts; odd sizes leave a
+  // row and a column in no window; ties and a NaN check the winner rule in the blocked order too.
+  Generator g(31);
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
+    for (const Shape& s : {Shape{3, 32, 9, 7}, Shape{2, 48, 8, 8}}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(shape_str(s));
+      // Values in steps of 0.5 (ties are common), one NaN.
+      Tensor x0 = ops::mul(ops::to(ops::randint(-4, 5, s, &g), kFloat64), 0.5);
+      ops::fill_(ops::narrow(ops::narrow(ops::narrow(ops::narrow(x0, 0, 1, 1), 1, 17, 1), 2, 3, 1),
+                             3, 2, 1),
+                 std::nan(""));
+      x0 = channels_last(ops::to(x0, dtype));
+      const Shape ys{s[0], s[1], s[2] / 2, s[3] / 2};
+      Tensor dy = channels_last(ops::to(ops::randn(ys, kFloat64, &g), dtype));
+      std::vector<Tensor> out[2];
+      for (int blocked = 0; blocked < 2; ++blocked) {
+        Tensor x = blocked ? ops::to_blocked(x0, 16) : channels_last(ops::clone(x0));
+        x.set_requires_grad(true);
+        Tensor y = F::max_pool2d(x, {2, 2}, {2, 2}, {0, 0});
+        CHECK(ops::blocked_block(y) == (blocked ? 16 : 0));
+        out[blocked] = autograd::grad({y}, {x}, {blocked ? ops::to_blocked(dy, 16) : dy});
+        CHECK(ops::blocked_block(out[blocked][0]) == (blocked ? 16 : 0));
+        out[blocked].push_back(y);
+      }
+      for (size_t i = 0; i < 2; ++i) {
+        CAPTURE(i);
+        // Bit for bit, NaN included: compare the bytes in a common (channels-last) layout.
+        const std::vector<double> a = out[1][i].to_vector<double>(),
+                                  b = out[0][i].to_vector<double>();
+        REQUIRE(a.size() == b.size());
+        int64_t differ = 0;
+        for (size_t k = 0; k < a.size(); ++k) {
+          if (!(a[k] == b[k] || (std::isnan(a[k]) && std::isnan(b[k])))) ++differ;
+        }
+        CHECK(differ == 0);
+      }
+    }
   }
 }
