@@ -391,6 +391,72 @@ Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, W
                           });
 }
 
+// adaptive_avg_pool2d to 1x1 of a channels-last or blocked x (resnet's last pool), without
+// making x row-major first: images of c values per pixel (channels-last: N images of C; blocked:
+// N * C/16 images of 16, Note [Blocked activations] in tensor/blocked.cpp), y[image * c + j] the
+// mean of value j over the image's pixels, which is y[n, ch] in either case. Each mean is the
+// same sum in double, in the same pixel order, as the row-major kernel's, so the same bits; the
+// gradient is written in x's layout (gy times 1/(H*W), rounded to T, as there).
+struct GlobalPool {
+  int64_t images, pixels, c;                                        // c values per pixel
+  double inv() const { return 1.0 / static_cast<double>(pixels); }  // as avg_windows' inv_div
+  bool parallel() const { return images * pixels * c > kParallelGrain; }
+};
+
+template <class T>
+DDP_CPU_CLONES void global_avg_pool_nhwc_forward(const T* x, const GlobalPool& g, T* y) {
+#pragma omp parallel for if (g.parallel())
+  for (int64_t i = 0; i < g.images; ++i) {
+    std::vector<double> sum(static_cast<size_t>(g.c), 0.0);
+    for (const T* row = x + i * g.pixels * g.c; row != x + (i + 1) * g.pixels * g.c; row += g.c) {
+      for (int64_t j = 0; j < g.c; ++j) sum[static_cast<size_t>(j)] += static_cast<double>(row[j]);
+    }
+    for (int64_t j = 0; j < g.c; ++j) {
+      y[i * g.c + j] = static_cast<T>(sum[static_cast<size_t>(j)] * g.inv());
+    }
+  }
+}
+
+// Every pixel of image i gets gy[i] / pixels, rounded to T once and copied.
+template <class T>
+DDP_CPU_CLONES void global_avg_pool_nhwc_backward(const T* gy, const GlobalPool& g, T* gx) {
+#pragma omp parallel for if (g.parallel())
+  for (int64_t i = 0; i < g.images; ++i) {
+    std::vector<T> share(static_cast<size_t>(g.c));
+    for (int64_t j = 0; j < g.c; ++j) {
+      share[static_cast<size_t>(j)] =
+          static_cast<T>(static_cast<double>(gy[i * g.c + j]) * g.inv());
+    }
+    T* out = gx + i * g.pixels * g.c;
+    for (int64_t p = 0; p < g.pixels; ++p) std::copy(share.begin(), share.end(), out + p * g.c);
+  }
+}
+
+Tensor global_avg_pool_channels_last(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1), pixels = x.size(2) * x.size(3);
+  const int64_t block = ops::blocked_block(x);
+  const GlobalPool pool{block != 0 ? n * (c / block) : n, pixels, block != 0 ? block : c};
+  Tensor y = ops::empty({n, c, 1, 1}, x.options());
+  const Tensor xb = block != 0 ? ops::as_stored(x) : x;
+  DDP_NN_DISPATCH(
+      x.dtype(), "adaptive_avg_pool2d",
+      global_avg_pool_nhwc_forward(xb.data_ptr<scalar_t>(), pool, y.data_ptr<scalar_t>()));
+  if (!autograd::needs_grad({x})) return y;
+  const Shape& shape = x.shape();
+  return autograd::record(
+      "AdaptiveAvgPool2DBackward", y, {x}, {},
+      [shape, block, pool](const Tensor& grad, const autograd::Saved&, const autograd::Needs&) {
+        Tensor gy = ops::contiguous(grad);  // [N, C, 1, 1]: the same bytes in every layout
+        Tensor gx = block != 0 ? ops::empty_blocked(shape, gy.options(), block)
+                               : ops::empty(shape, gy.options(), ops::MemoryFormat::ChannelsLast);
+        const Tensor gxb = block != 0 ? ops::as_stored(gx) : gx;
+        DDP_NN_DISPATCH(
+            gy.dtype(), "adaptive_avg_pool2d backward",
+            global_avg_pool_nhwc_backward(gy.data_ptr<scalar_t>(), pool, gxb.data_ptr<scalar_t>()));
+        return autograd::Grads{gx};
+      });
+}
+
 // max_pool2d's 2x2 pool of a channels-last x: y stays channels-last (no transposes either way).
 // A blocked x (Note [Blocked activations] in tensor/blocked.cpp) is, byte for byte, a
 // channels-last tensor of N * C/16 images of 16 channels each: the same kernel pools that, and y
@@ -507,6 +573,11 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
                          s.oh, s.ow);
   }
 #endif
+  const bool nhwc = ops::blocked_block(x) != 0 ||
+                    ops::suggest_memory_format(x) == ops::MemoryFormat::ChannelsLast;
+  if (output_size == Pair{1, 1} && nhwc && x.dtype() != kBFloat16) {
+    return global_avg_pool_channels_last(x);
+  }
   return avg_pool_with("AdaptiveAvgPool2DBackward", x, s, adaptive_windows(s));
 }
 

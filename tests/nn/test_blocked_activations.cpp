@@ -320,3 +320,36 @@ TEST_CASE("max_pool2d 2x2 on blocked x: the channels-last results, blocked") {
     }
   }
 }
+
+TEST_CASE("adaptive_avg_pool2d to 1x1 on blocked and channels-last x: the row-major bits") {
+  // The channels-last and blocked pool sums each plane in double in the same pixel order as the
+  // row-major kernel, so y and the gradient are the same bits; the gradient keeps x's layout.
+  Generator g(37);
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const Shape s{5, 32, 7, 6};
+    Tensor x0 = ops::to(ops::randn(s, kFloat64, &g), dtype);
+    Tensor dy = ops::to(ops::randn({5, 32, 1, 1}, kFloat64, &g), dtype);
+    std::vector<Tensor> out[3];
+    for (int layout = 0; layout < 3; ++layout) {  // row-major, channels-last, blocked
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(layout);
+      Tensor x = layout == 0   ? ops::clone(x0)
+                 : layout == 1 ? channels_last(ops::clone(x0))
+                               : ops::to_blocked(channels_last(x0), 16);
+      x.set_requires_grad(true);
+      Tensor y = F::adaptive_avg_pool2d(x, {1, 1});
+      out[layout] = autograd::grad({y}, {x}, {dy});
+      CHECK(ops::blocked_block(out[layout][0]) == (layout == 2 ? 16 : 0));
+      if (layout == 1)
+        CHECK(ops::suggest_memory_format(out[layout][0]) == MemoryFormat::ChannelsLast);
+      out[layout].push_back(y);
+    }
+    for (int layout = 1; layout < 3; ++layout) {
+      for (size_t i = 0; i < 2; ++i) {
+        CAPTURE(layout);
+        CAPTURE(i);
+        CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
+      }
+    }
+  }
+}
