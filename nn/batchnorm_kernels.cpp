@@ -1140,7 +1140,7 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
 // --- the steps, for SyncBatchNorm (nn/batchnorm_kernels.h) --------------------------------------
 //
 // First in generic tensor ops (any device; what CUDA runs), then the CPU kernels (the NHWC ones
-// for a channels-last x, whose results are channels-last too).
+// for a channels-last or blocked x, whose results keep its layout).
 
 namespace {
 
@@ -1213,13 +1213,14 @@ BatchNormMoments batch_norm_moments(const Tensor& x_in, bool generic) {
   const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
   const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
   Tensor x = ops::contiguous(x_in, format);
+  const int64_t block = nhwc ? ops::blocked_block(x) : 0;  // as batch_norm_impl
   const BnShape d = bn_shape(x);
   DDP_CHECK(d.count() > 0, "batch_norm_moments: empty input " << shape_str(x.shape()));
   BatchNormMoments out{ops::empty({d.c}, kFloat64), ops::empty({d.c}, kFloat64)};
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_moments", {
     if (nhwc) {
-      batch_moments_nhwc(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(),
-                         out.m2.data_ptr<double>());
+      batch_moments_nhwc(stored<scalar_t>(x, block), d, out.mean.data_ptr<double>(),
+                         out.m2.data_ptr<double>(), block);
     } else {
       batch_moments(x.data_ptr<scalar_t>(), d, out.mean.data_ptr<double>(),
                     out.m2.data_ptr<double>());
@@ -1234,15 +1235,16 @@ Tensor batch_norm_normalize(const Tensor& x_in, const Tensor& mean, const Tensor
   const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
   const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
   Tensor x = ops::contiguous(x_in, format);
+  const int64_t block = nhwc ? ops::blocked_block(x) : 0;
   const BnShape d = bn_shape(x);
   Tensor weight = param_or_none(weight_in, x, d.c, "weight");
   Tensor bias = param_or_none(bias_in, x, d.c, "bias");
-  Tensor y = ops::empty(x.shape(), x.options(), format);
+  Tensor y = like(x, block, format);
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_normalize", {
     const scalar_t *w = data_or_null<scalar_t>(weight), *b = data_or_null<scalar_t>(bias);
     if (nhwc) {
-      normalize_nhwc(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd), w, b,
-                     y.data_ptr<scalar_t>());
+      normalize_nhwc(stored<scalar_t>(x, block), d, doubles(mean), doubles(invstd), w, b,
+                     stored<scalar_t>(y, block), block);
     } else {
       normalize(x.data_ptr<scalar_t>(), d, doubles(mean), doubles(invstd), w, b,
                 y.data_ptr<scalar_t>());
@@ -1257,12 +1259,14 @@ Tensor batch_norm_grad_sums(const Tensor& x_in, const Tensor& dy_in, const Tenso
   const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
   const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
   Tensor x = ops::contiguous(x_in, format), dy = ops::contiguous(dy_in, format);
+  const int64_t block = nhwc ? ops::blocked_block(x) : 0;
+  if (block != 0) dy = ops::to_blocked(dy, block);
   const BnShape d = bn_shape(x);
   Tensor sums = ops::empty({2 * d.c}, kFloat64);
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_grad_sums", {
-    const scalar_t *px = x.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
+    const scalar_t *px = stored<scalar_t>(x, block), *pdy = stored<scalar_t>(dy, block);
     if (nhwc) {
-      grad_sums_nhwc<scalar_t>(px, pdy, nullptr, nullptr, nullptr, nhwc_blocks<scalar_t>(d),
+      grad_sums_nhwc<scalar_t>(px, pdy, nullptr, nullptr, nullptr, nhwc_blocks<scalar_t>(d, block),
                                doubles(mean), sums.data_ptr<double>());
     } else {
       grad_sums(px, pdy, d, doubles(mean), sums.data_ptr<double>());
@@ -1280,15 +1284,17 @@ Tensor batch_norm_input_grad(const Tensor& x_in, const Tensor& dy_in, const Tens
   const ops::MemoryFormat format = ops::suggest_memory_format(x_in);
   const bool nhwc = format == ops::MemoryFormat::ChannelsLast;
   Tensor x = ops::contiguous(x_in, format), dy = ops::contiguous(dy_in, format);
+  const int64_t block = nhwc ? ops::blocked_block(x) : 0;
+  if (block != 0) dy = ops::to_blocked(dy, block);
   const BnShape d = bn_shape(x);
   Tensor weight = param_or_none(weight_in, x, d.c, "weight");
-  Tensor dx = ops::empty(x.shape(), x.options(), format);
+  Tensor dx = like(x, block, format);
   DDP_NN_DISPATCH(x.dtype(), "batch_norm_input_grad", {
-    const scalar_t *px = x.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
+    const scalar_t *px = stored<scalar_t>(x, block), *pdy = stored<scalar_t>(dy, block);
     if (nhwc) {
-      input_grad_nhwc<scalar_t>(px, pdy, nullptr, nhwc_blocks<scalar_t>(d), d, doubles(mean),
+      input_grad_nhwc<scalar_t>(px, pdy, nullptr, nhwc_blocks<scalar_t>(d, block), d, doubles(mean),
                                 doubles(invstd), data_or_null<scalar_t>(weight), doubles(sums),
-                                count, dx.data_ptr<scalar_t>());
+                                count, stored<scalar_t>(dx, block));
     } else {
       input_grad(px, pdy, d, doubles(mean), doubles(invstd), data_or_null<scalar_t>(weight),
                  doubles(sums), count, dx.data_ptr<scalar_t>());

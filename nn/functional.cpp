@@ -8,6 +8,7 @@
 #include "autograd/functions.h"
 #include "nn/autocast.h"
 #include "nn/functional_util.h"
+#include "tensor/blocked.h"
 #include "tensor/ops.h"
 #include "tensor/threads.h"
 
@@ -105,6 +106,11 @@ DDP_CPU_CLONES void relu_grad_bf16(const BFloat16* dy, const BFloat16* y, BFloat
 Tensor relu_grad(const Tensor& grad, const Tensor& y) {
   const ops::MemoryFormat format = ops::suggest_memory_format(y);
   Tensor dy = ops::contiguous(ops::to(grad, y.dtype()), format);
+  // A blocked y (Note [Blocked activations] in tensor/blocked.cpp): dy in its layout too, so the
+  // elementwise op below walks both as they lie.
+  if (const int64_t block = ops::blocked_block(y); block != 0 && dy.shape() == y.shape()) {
+    dy = ops::to_blocked(dy, block);
+  }
   if (y.dtype() != kBFloat16 || y.is_cuda() || !ops::is_contiguous(y, format) ||
       dy.shape() != y.shape()) {
     return ops::relu_backward(dy, y);
@@ -150,13 +156,19 @@ Tensor add_relu(const Tensor& a, const Tensor& b) {
                        (a.dtype() == kFloat32 || a.dtype() == kFloat64 || a.dtype() == kBFloat16);
   if (!fusable)
     return functional::relu(a + b);  // broadcasting, promotion, other devices: the two ops
-  // One flat loop over dense arrays in a's memory format (b is copied into it if it differs).
+  // One flat loop over dense arrays in a's memory format (b is copied into it if it differs),
+  // or a's blocked layout (Note [Blocked activations] in tensor/blocked.cpp; y blocked too).
   const ops::MemoryFormat format = ops::suggest_memory_format(a);
   Tensor ac = ops::contiguous(a, format), bc = ops::contiguous(b, format);
-  Tensor y = ops::empty(a.shape(), a.options(), format);
+  const int64_t block = ops::blocked_block(ac);
+  if (block != 0) bc = ops::to_blocked(bc, block);
+  Tensor y = block != 0 ? ops::empty_blocked(a.shape(), a.options(), block)
+                        : ops::empty(a.shape(), a.options(), format);
+  const Tensor as = block != 0 ? ops::as_stored(ac) : ac, bs = block != 0 ? ops::as_stored(bc) : bc;
+  const Tensor ys = block != 0 ? ops::as_stored(y) : y;
   DDP_NN_DISPATCH_BF16(a.dtype(), "add_relu",
-                       add_relu_kernel(ac.data_ptr<scalar_t>(), bc.data_ptr<scalar_t>(),
-                                       y.data_ptr<scalar_t>(), a.numel()));
+                       add_relu_kernel(as.data_ptr<scalar_t>(), bs.data_ptr<scalar_t>(),
+                                       ys.data_ptr<scalar_t>(), a.numel()));
   if (!autograd::needs_grad({a, b})) return y;
   // d(a + b)/da = d(a + b)/db = 1: both inputs get relu's masked gradient, one tensor for both.
   return autograd::record("AddReluBackward", y, {a, b}, {y},

@@ -10,6 +10,7 @@
 
 #include "autograd/engine.h"
 #include "models/resnet.h"
+#include "nn/batchnorm_kernels.h"
 #include "nn/functional.h"
 #include "nn/onednn.h"
 #include "tensor/blocked.h"
@@ -350,6 +351,69 @@ TEST_CASE("adaptive_avg_pool2d to 1x1 on blocked and channels-last x: the row-ma
         CAPTURE(i);
         CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
       }
+    }
+  }
+}
+
+TEST_CASE("SyncBatchNorm's steps on blocked x: the channels-last bits, results blocked") {
+  // batch_norm_moments / normalize / grad_sums / input_grad (nn/batchnorm_kernels.h), what
+  // SyncBatchNorm runs around its all-reduces, on a blocked x (and dy channels-last or blocked).
+  Generator g(43);
+  const Shape s{6, 32, 9, 11};
+  Tensor x0 = channels_last(ops::randn(s, kFloat32, &g));
+  Tensor dy0 = channels_last(ops::randn(s, kFloat32, &g));
+  Tensor w = ops::randn({32}, kFloat32, &g), b = ops::randn({32}, kFloat32, &g);
+  std::vector<Tensor> out[3];
+  for (int layout = 0; layout < 3; ++layout) {  // channels-last; blocked x; blocked x and dy
+    CAPTURE(layout);
+    Tensor x = layout == 0 ? x0 : ops::to_blocked(x0, 16);
+    Tensor dy = layout == 2 ? ops::to_blocked(dy0, 16) : dy0;
+    const F::BatchNormMoments m = F::batch_norm_moments(x);
+    Tensor invstd = ops::rsqrt(ops::add(ops::div(m.m2, 594.0), 1e-5));
+    Tensor y = F::batch_norm_normalize(x, m.mean, invstd, w, b);
+    Tensor sums = F::batch_norm_grad_sums(x, dy, m.mean);
+    Tensor dx = F::batch_norm_input_grad(x, dy, m.mean, invstd, w, sums, 594.0);
+    CHECK(ops::blocked_block(y) == (layout == 0 ? 0 : 16));
+    CHECK(ops::blocked_block(dx) == (layout == 0 ? 0 : 16));
+    out[layout] = {m.mean, m.m2, y, sums, dx};
+  }
+  for (int layout = 1; layout < 3; ++layout) {
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      CAPTURE(layout);
+      CAPTURE(i);
+      CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
+    }
+  }
+}
+
+TEST_CASE("add_relu and relu on blocked x: the channels-last bits, blocked results and gradients") {
+  // What SyncBatchNorm's blocks run after it (relu(y), add_relu(y, residual)), with the residual
+  // blocked or channels-last and the incoming gradient channels-last.
+  Generator g(47);
+  const Shape s{4, 32, 5, 6};
+  Tensor a0 = channels_last(ops::randn(s, kFloat32, &g));
+  Tensor b0 = channels_last(ops::randn(s, kFloat32, &g));
+  Tensor dy = channels_last(ops::randn(s, kFloat32, &g));
+  std::vector<Tensor> out[3];
+  for (int layout = 0; layout < 3; ++layout) {  // channels-last; a blocked; a and b blocked
+    CAPTURE(layout);
+    Tensor a = layout == 0 ? channels_last(ops::clone(a0)) : ops::to_blocked(a0, 16);
+    Tensor b = layout == 2 ? ops::to_blocked(b0, 16) : channels_last(ops::clone(b0));
+    a.set_requires_grad(true);
+    b.set_requires_grad(true);
+    Tensor y = F::add_relu(a, b), r = F::relu(a);
+    CHECK(ops::blocked_block(y) == (layout == 0 ? 0 : 16));
+    CHECK(ops::blocked_block(r) == (layout == 0 ? 0 : 16));
+    out[layout] = autograd::grad({y, r}, {a, b}, {dy, dy});
+    CHECK(ops::blocked_block(out[layout][0]) == (layout == 0 ? 0 : 16));
+    out[layout].push_back(y);
+    out[layout].push_back(r);
+  }
+  for (int layout = 1; layout < 3; ++layout) {
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      CAPTURE(layout);
+      CAPTURE(i);
+      CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
     }
   }
 }
