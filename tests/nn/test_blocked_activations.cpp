@@ -35,6 +35,19 @@ Tensor channels_last(const Tensor& t) {
   return ops::contiguous(t, MemoryFormat::ChannelsLast);
 }
 
+// Every run's results equal the first run's, bit for bit: runs[k][i] == runs[0][i].
+template <size_t K>
+void check_same_bits(const std::vector<Tensor> (&runs)[K]) {
+  for (size_t k = 1; k < K; ++k) {
+    REQUIRE(runs[k].size() == runs[0].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(k);
+      CAPTURE(i);
+      CHECK(ops::max_abs_diff(runs[k][i], runs[0][i]) == 0);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("blocked layout: to_blocked puts every value where nChw16c says, raw_data puts it back") {
@@ -155,10 +168,7 @@ TEST_CASE("batch norm on blocked x: the channels-last results, forward and backw
             if (s[2] * s[3] > 1) CHECK(ops::blocked_block(out[blocked][0]) == (blocked ? 16 : 0));
             for (const Tensor& t : {y, rm, rv}) out[blocked].push_back(t);
           }
-          for (size_t i = 0; i < out[0].size(); ++i) {
-            CAPTURE(i);
-            CHECK(ops::max_abs_diff(out[1][i], out[0][i]) == 0);
-          }
+          check_same_bits(out);
         }
       }
     }
@@ -183,11 +193,7 @@ TEST_CASE("resnet20 with blocked activations: the same bits as without them") {
     results[on] = {logits.detach(), loss.detach()};
     for (auto& [name, p] : model->named_parameters()) results[on].push_back(p.grad());
   }
-  REQUIRE(results[0].size() == results[1].size());
-  for (size_t i = 0; i < results[0].size(); ++i) {
-    CAPTURE(i);
-    CHECK(ops::max_abs_diff(results[1][i], results[0][i]) == 0);
-  }
+  check_same_bits(results);
 }
 
 TEST_CASE("conv2d with blocked activations: the same bits as with channels-last ones") {
@@ -227,13 +233,7 @@ TEST_CASE("conv2d with blocked activations: the same bits as with channels-last 
       if (run > 0 && cv.c > 16) CHECK(ops::blocked_block(out[run][0]) == 16);
       out[run].push_back(y);
     }
-    for (int run = 1; run < 3; ++run) {
-      for (size_t i = 0; i < out[0].size(); ++i) {
-        CAPTURE(run);
-        CAPTURE(i);
-        CHECK(ops::max_abs_diff(out[run][i], out[0][i]) == 0);
-      }
-    }
+    check_same_bits(out);
   }
 }
 
@@ -273,10 +273,7 @@ TEST_CASE("two residual blocks with blocked activations: the same bits as withou
     out[on] = autograd::grad({h}, leaves, {dy});
     out[on].push_back(h);
   }
-  for (size_t i = 0; i < out[0].size(); ++i) {
-    CAPTURE(i);
-    CHECK(ops::max_abs_diff(out[1][i], out[0][i]) == 0);
-  }
+  check_same_bits(out);
 }
 
 TEST_CASE("max_pool2d 2x2 on blocked x: the channels-last results, blocked") {
@@ -345,13 +342,7 @@ TEST_CASE("adaptive_avg_pool2d to 1x1 on blocked and channels-last x: the row-ma
         CHECK(ops::suggest_memory_format(out[layout][0]) == MemoryFormat::ChannelsLast);
       out[layout].push_back(y);
     }
-    for (int layout = 1; layout < 3; ++layout) {
-      for (size_t i = 0; i < 2; ++i) {
-        CAPTURE(layout);
-        CAPTURE(i);
-        CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
-      }
-    }
+    check_same_bits(out);
   }
 }
 
@@ -377,13 +368,7 @@ TEST_CASE("SyncBatchNorm's steps on blocked x: the channels-last bits, results b
     CHECK(ops::blocked_block(dx) == (layout == 0 ? 0 : 16));
     out[layout] = {m.mean, m.m2, y, sums, dx};
   }
-  for (int layout = 1; layout < 3; ++layout) {
-    for (size_t i = 0; i < out[0].size(); ++i) {
-      CAPTURE(layout);
-      CAPTURE(i);
-      CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
-    }
-  }
+  check_same_bits(out);
 }
 
 TEST_CASE("add_relu and relu on blocked x: the channels-last bits, blocked results and gradients") {
@@ -409,11 +394,5 @@ TEST_CASE("add_relu and relu on blocked x: the channels-last bits, blocked resul
     out[layout].push_back(y);
     out[layout].push_back(r);
   }
-  for (int layout = 1; layout < 3; ++layout) {
-    for (size_t i = 0; i < out[0].size(); ++i) {
-      CAPTURE(layout);
-      CAPTURE(i);
-      CHECK(ops::max_abs_diff(out[layout][i], out[0][i]) == 0);
-    }
-  }
+  check_same_bits(out);
 }
