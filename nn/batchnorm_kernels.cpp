@@ -890,13 +890,12 @@ void backward_nhwc(const T* x, const T* dy, bool relu, const compute_t<T>* bias,
 // blocked), else t's data as any kernel reads it.
 template <class T>
 T* stored(const Tensor& t, int64_t block) {
-  return block != 0 ? ops::as_stored(t).data_ptr<T>() : t.data_ptr<T>();
+  return ops::in_layout(t, block).data_ptr<T>();
 }
 
 // A new tensor of x's shape and dtype in x's layout: blocked like x, or `format`.
 Tensor like(const Tensor& x, int64_t block, ops::MemoryFormat format) {
-  return block != 0 ? ops::empty_blocked(x.shape(), x.options(), block)
-                    : ops::empty(x.shape(), x.options(), format);
+  return ops::empty_in_layout(x.shape(), x.options(), block, format);
 }
 
 // The dtype of weight and bias (and their gradients) for input x: x's, except that bfloat16

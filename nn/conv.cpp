@@ -290,19 +290,19 @@ int64_t onednn_output_block(const Conv2dParams& p, const Tensor& x, bool input_g
                     : onednn::conv2d_output_block(p, conv_types<P>(x));
 }
 
-// The bytes of an activation as they lie (blocked ones are not rearranged; the kernel is told
-// their layout through onednn::Blocks), or null.
-void* activation_bytes(const Tensor& t) {
-  if (!t.defined()) return nullptr;
-  return ops::blocked_block(t) != 0 ? ops::as_stored(t).raw_data() : t.raw_data();
+// The bytes of an activation as they lie (blocked ones, `block` from onednn::Blocks, are not
+// rearranged: the kernel is told their layout), or null.
+void* activation_bytes(const Tensor& t, int64_t block) {
+  return t.defined() ? ops::in_layout(t, block).raw_data() : nullptr;
 }
 
 template <onednn::Precision P>
 void onednn_forward(const Conv2dParams& p, const Tensor& x, const Tensor& w, const Tensor& b,
                     const Tensor& y) {
   const onednn::Blocks blocks{ops::blocked_block(x), ops::blocked_block(y)};
-  onednn::conv2d_forward(p, activation_bytes(x), w.data_ptr<float>(), ptr_or_null<float>(b),
-                         activation_bytes(y), conv_types<P>(x), nullptr, blocks);
+  onednn::conv2d_forward(p, activation_bytes(x, blocks.x), w.data_ptr<float>(),
+                         ptr_or_null<float>(b), activation_bytes(y, blocks.y), conv_types<P>(x),
+                         nullptr, blocks);
 }
 
 template <onednn::Precision P>
@@ -315,9 +315,9 @@ Tensor onednn_forward_keep(const Conv2dParams& p, const Tensor& x, const Tensor&
   // bfloat16 precision, bfloat16).
   Tensor kept =
       bytes == 0 ? Tensor() : ops::empty({static_cast<int64_t>((bytes + 3) / 4)}, w.options());
-  onednn::conv2d_forward(p, activation_bytes(x), w.data_ptr<float>(), ptr_or_null<float>(b),
-                         activation_bytes(y), types, kept.defined() ? kept.raw_data() : nullptr,
-                         blocks);
+  onednn::conv2d_forward(p, activation_bytes(x, blocks.x), w.data_ptr<float>(),
+                         ptr_or_null<float>(b), activation_bytes(y, blocks.y), types,
+                         kept.defined() ? kept.raw_data() : nullptr, blocks);
   return kept;
 }
 
@@ -332,10 +332,10 @@ void onednn_backward(const Conv2dParams& p, const Tensor& x, const Tensor& kept,
   // then and has been rearranged since (an unaware reader), kept is still right, and x unused.
   const onednn::Blocks blocks{ops::blocked_block(x), 0, ops::blocked_block(gx),
                               ops::blocked_block(gy)};
-  onednn::conv2d_backward(p, kept.defined() ? nullptr : activation_bytes(x), raw_or_null(kept),
-                          activation_bytes(gy), ptr_or_null<float>(w), activation_bytes(gx),
-                          ptr_or_null<float>(gw), ptr_or_null<float>(gb),
-                          conv_types<P>(x.defined() ? x : gx), blocks);
+  onednn::conv2d_backward(p, kept.defined() ? nullptr : activation_bytes(x, blocks.x),
+                          raw_or_null(kept), activation_bytes(gy, blocks.gy), ptr_or_null<float>(w),
+                          activation_bytes(gx, blocks.gx), ptr_or_null<float>(gw),
+                          ptr_or_null<float>(gb), conv_types<P>(x.defined() ? x : gx), blocks);
 }
 
 template <onednn::Precision P>
@@ -378,6 +378,14 @@ const ConvKernels& kernels_for(const Tensor& x, bool use_onednn) {
   return kOneDnnKernels;
 }
 
+// The block size `kernels` writes y (input_grad false) or gx (true) in, 0 for none: only kernels
+// that offer blocked output, for a tensor that would be channels-last anyway.
+int64_t output_block(const ConvKernels& kernels, const Conv2dParams& p, const Tensor& x,
+                     ops::MemoryFormat format, bool input_grad) {
+  const bool may = kernels.output_block != nullptr && format == ops::MemoryFormat::ChannelsLast;
+  return may ? kernels.output_block(p, x, input_grad) : 0;
+}
+
 }  // namespace
 
 Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
@@ -397,12 +405,8 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
   const ops::MemoryFormat y_format =
       takes_nhwc ? kernels->output_format(p, x) : ops::MemoryFormat::Contiguous;
   const Shape y_shape{p.n, p.o, p.out_h(), p.out_w()};
-  const int64_t y_block =
-      kernels->output_block != nullptr && y_format == ops::MemoryFormat::ChannelsLast
-          ? kernels->output_block(p, x, false)
-          : 0;
-  Tensor y = y_block != 0 ? ops::empty_blocked(y_shape, x.options().with_dtype(y_dtype), y_block)
-                          : ops::empty(y_shape, x.options().with_dtype(y_dtype), y_format);
+  Tensor y = ops::empty_in_layout(y_shape, x.options().with_dtype(y_dtype),
+                                  output_block(*kernels, p, x, y_format, false), y_format);
   std::vector<Tensor> inputs{x_in, w_in};
   if (b_in.defined()) inputs.push_back(b_in);
   const bool record = autograd::needs_grad(inputs);
@@ -426,12 +430,8 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
         autograd::Grads g(needs.size());
         const bool want_bias = p.has_bias && needs[2];
         if (needs[0]) {
-          const int64_t gx_block =
-              kernels->output_block != nullptr && x_format == ops::MemoryFormat::ChannelsLast
-                  ? kernels->output_block(p, x, true)
-                  : 0;
-          g[0] = gx_block != 0 ? ops::empty_blocked(x.shape(), x.options(), gx_block)
-                               : ops::empty(x.shape(), x.options(), x_format);
+          g[0] = ops::empty_in_layout(x.shape(), x.options(),
+                                      output_block(*kernels, p, x, x_format, true), x_format);
         }
         if (needs[1]) {
           g[1] = ops::empty(w.shape(), w.options());

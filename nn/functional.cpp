@@ -162,13 +162,11 @@ Tensor add_relu(const Tensor& a, const Tensor& b) {
   Tensor ac = ops::contiguous(a, format), bc = ops::contiguous(b, format);
   const int64_t block = ops::blocked_block(ac);
   if (block != 0) bc = ops::to_blocked(bc, block);
-  Tensor y = block != 0 ? ops::empty_blocked(a.shape(), a.options(), block)
-                        : ops::empty(a.shape(), a.options(), format);
-  const Tensor as = block != 0 ? ops::as_stored(ac) : ac, bs = block != 0 ? ops::as_stored(bc) : bc;
-  const Tensor ys = block != 0 ? ops::as_stored(y) : y;
+  Tensor y = ops::empty_in_layout(a.shape(), a.options(), block, format);
   DDP_NN_DISPATCH_BF16(a.dtype(), "add_relu",
-                       add_relu_kernel(as.data_ptr<scalar_t>(), bs.data_ptr<scalar_t>(),
-                                       ys.data_ptr<scalar_t>(), a.numel()));
+                       add_relu_kernel(ops::in_layout(ac, block).data_ptr<scalar_t>(),
+                                       ops::in_layout(bc, block).data_ptr<scalar_t>(),
+                                       ops::in_layout(y, block).data_ptr<scalar_t>(), a.numel()));
   if (!autograd::needs_grad({a, b})) return y;
   // d(a + b)/da = d(a + b)/db = 1: both inputs get relu's masked gradient, one tensor for both.
   return autograd::record("AddReluBackward", y, {a, b}, {y},

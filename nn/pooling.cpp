@@ -397,6 +397,17 @@ Tensor avg_pool_with(const char* name, const Tensor& x_in, const PoolShape& s, W
 // mean of value j over the image's pixels, which is y[n, ch] in either case. Each mean is the
 // same sum in double, in the same pixel order, as the row-major kernel's, so the same bits; the
 // gradient is written in x's layout (gy times 1/(H*W), rounded to T, as there).
+// How the pools below see x's memory: images of pixels of `c` values each. Channels-last: N
+// images of C; blocked (block B, Note [Blocked activations] in tensor/blocked.cpp): N * C/B
+// images of B, which is byte for byte the blocked layout.
+struct NhwcImages {
+  int64_t images, c;
+};
+NhwcImages nhwc_images(const Tensor& x, int64_t block) {
+  const int64_t n = x.size(0), c = x.size(1);
+  return block != 0 ? NhwcImages{n * (c / block), block} : NhwcImages{n, c};
+}
+
 struct GlobalPool {
   int64_t images, pixels, c;                                        // c values per pixel
   double inv() const { return 1.0 / static_cast<double>(pixels); }  // as avg_windows' inv_div
@@ -435,24 +446,24 @@ DDP_CPU_CLONES void global_avg_pool_nhwc_backward(const T* gy, const GlobalPool&
 Tensor global_avg_pool_channels_last(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1), pixels = x.size(2) * x.size(3);
   const int64_t block = ops::blocked_block(x);
-  const GlobalPool pool{block != 0 ? n * (c / block) : n, pixels, block != 0 ? block : c};
+  const NhwcImages im = nhwc_images(x, block);
+  const GlobalPool pool{im.images, pixels, im.c};
   Tensor y = ops::empty({n, c, 1, 1}, x.options());
-  const Tensor xb = block != 0 ? ops::as_stored(x) : x;
-  DDP_NN_DISPATCH(
-      x.dtype(), "adaptive_avg_pool2d",
-      global_avg_pool_nhwc_forward(xb.data_ptr<scalar_t>(), pool, y.data_ptr<scalar_t>()));
+  DDP_NN_DISPATCH(x.dtype(), "adaptive_avg_pool2d",
+                  global_avg_pool_nhwc_forward(ops::in_layout(x, block).data_ptr<scalar_t>(), pool,
+                                               y.data_ptr<scalar_t>()));
   if (!autograd::needs_grad({x})) return y;
   const Shape& shape = x.shape();
   return autograd::record(
       "AdaptiveAvgPool2DBackward", y, {x}, {},
       [shape, block, pool](const Tensor& grad, const autograd::Saved&, const autograd::Needs&) {
         Tensor gy = ops::contiguous(grad);  // [N, C, 1, 1]: the same bytes in every layout
-        Tensor gx = block != 0 ? ops::empty_blocked(shape, gy.options(), block)
-                               : ops::empty(shape, gy.options(), ops::MemoryFormat::ChannelsLast);
-        const Tensor gxb = block != 0 ? ops::as_stored(gx) : gx;
+        Tensor gx =
+            ops::empty_in_layout(shape, gy.options(), block, ops::MemoryFormat::ChannelsLast);
         DDP_NN_DISPATCH(
             gy.dtype(), "adaptive_avg_pool2d backward",
-            global_avg_pool_nhwc_backward(gy.data_ptr<scalar_t>(), pool, gxb.data_ptr<scalar_t>()));
+            global_avg_pool_nhwc_backward(gy.data_ptr<scalar_t>(), pool,
+                                          ops::in_layout(gx, block).data_ptr<scalar_t>()));
         return autograd::Grads{gx};
       });
 }
@@ -466,31 +477,28 @@ Tensor global_avg_pool_channels_last(const Tensor& x) {
 Tensor max_pool_2x2_channels_last(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   const int64_t block = ops::blocked_block(x);
-  const int64_t images = block != 0 ? n * (c / block) : n, channels = block != 0 ? block : c;
+  const NhwcImages im = nhwc_images(x, block);
   const Shape y_shape{n, c, h / 2, w / 2};
-  Tensor y = block != 0 ? ops::empty_blocked(y_shape, x.options(), block)
-                        : ops::empty(y_shape, x.options(), ops::MemoryFormat::ChannelsLast);
+  Tensor y = ops::empty_in_layout(y_shape, x.options(), block, ops::MemoryFormat::ChannelsLast);
   Tensor pos = ops::empty(y_shape, kUInt8, ops::MemoryFormat::ChannelsLast);  // in y's order
-  const Tensor xb = block != 0 ? ops::as_stored(x) : x, yb = block != 0 ? ops::as_stored(y) : y;
   DDP_NN_DISPATCH_BF16(x.dtype(), "max_pool2d",
-                       max_pool_2x2_nhwc_forward(xb.data_ptr<scalar_t>(), images, h, w, channels,
-                                                 yb.data_ptr<scalar_t>(), pos.data_ptr<uint8_t>()));
+                       max_pool_2x2_nhwc_forward(
+                           ops::in_layout(x, block).data_ptr<scalar_t>(), im.images, h, w, im.c,
+                           ops::in_layout(y, block).data_ptr<scalar_t>(), pos.data_ptr<uint8_t>()));
   if (!autograd::needs_grad({x})) return y;
   return autograd::record(
       "MaxPool2DBackward", y, {x}, {pos},
-      [n, c, h, w, block, images, channels](const Tensor& grad, const autograd::Saved& saved,
-                                            const autograd::Needs&) {
+      [n, c, h, w, block, im](const Tensor& grad, const autograd::Saved& saved,
+                              const autograd::Needs&) {
         Tensor gy = ops::contiguous(grad, ops::MemoryFormat::ChannelsLast);
         if (block != 0) gy = ops::to_blocked(gy, block);  // the order of y, and of pos
-        Tensor gx = block != 0
-                        ? ops::empty_blocked({n, c, h, w}, gy.options(), block)
-                        : ops::empty({n, c, h, w}, gy.options(), ops::MemoryFormat::ChannelsLast);
-        const Tensor gyb = block != 0 ? ops::as_stored(gy) : gy;
-        const Tensor gxb = block != 0 ? ops::as_stored(gx) : gx;
+        Tensor gx = ops::empty_in_layout({n, c, h, w}, gy.options(), block,
+                                         ops::MemoryFormat::ChannelsLast);
         DDP_NN_DISPATCH_BF16(
             gy.dtype(), "max_pool2d backward",
-            max_pool_2x2_nhwc_backward(gyb.data_ptr<scalar_t>(), saved[0].data_ptr<uint8_t>(),
-                                       images, h, w, channels, gxb.data_ptr<scalar_t>()));
+            max_pool_2x2_nhwc_backward(ops::in_layout(gy, block).data_ptr<scalar_t>(),
+                                       saved[0].data_ptr<uint8_t>(), im.images, h, w, im.c,
+                                       ops::in_layout(gx, block).data_ptr<scalar_t>()));
         return autograd::Grads{gx};
       });
 }

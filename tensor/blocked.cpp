@@ -97,6 +97,14 @@ Tensor as_stored(const Tensor& t) {
   return Tensor(std::move(impl));
 }
 
+Tensor in_layout(const Tensor& t, int64_t block) {
+  return block != 0 ? as_stored(t) : t;
+}
+
+Tensor empty_in_layout(const Shape& shape, TensorOptions opts, int64_t block, MemoryFormat format) {
+  return block != 0 ? empty_blocked(shape, opts, block) : empty(shape, opts, format);
+}
+
 Tensor to_blocked(const Tensor& t, int64_t block) {
   if (blocked_block(t) == block) return t;
   Tensor src = contiguous(t, MemoryFormat::ChannelsLast);

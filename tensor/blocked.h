@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "tensor/ops.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
 
@@ -25,6 +26,13 @@ Tensor empty_blocked(const Shape& shape, TensorOptions opts, int64_t block);
 Tensor as_stored(const Tensor& t);
 // A blocked copy of a channels-last (or blocked) t: t itself when already blocked in `block`.
 Tensor to_blocked(const Tensor& t, int64_t block);
+
+// The two choices every layout-aware kernel makes, given block = blocked_block(x) of its input:
+// what it reads and writes through (as_stored(t) when block != 0, else t itself, whose raw_data()
+// rearranges any marked storage first), and what it allocates (blocked in `block`, else in
+// `format`).
+Tensor in_layout(const Tensor& t, int64_t block);
+Tensor empty_in_layout(const Shape& shape, TensorOptions opts, int64_t block, MemoryFormat format);
 
 }  // namespace ops
 }  // namespace ddplab
