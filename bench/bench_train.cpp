@@ -8,6 +8,9 @@
 //
 // On a GPU (--device cuda; scripts/gpu-check) the step ends with a synchronize, and so does each
 // timed part: the times are those of the GPU work, not of queueing it.
+// After each step it calls adapt_threads() as examples/train does: --threads is the most threads
+// a step runs with, fewer while other programs hold the cores (Note [Threads under load] in
+// tensor/adaptive_threads.cpp; DDPLAB_ADAPTIVE_THREADS=0 keeps --threads fixed).
 // --amp bf16 runs the forward and the loss under autocast (nn/autocast.h): convolutions and
 // linear layers in bfloat16, with bfloat16 activations between layers on the CPU (Note
 // [Autocast]); statistics, loss and parameters float32.
@@ -37,6 +40,7 @@
 #include "nn/autocast.h"
 #include "nn/functional.h"
 #include "optim/sgd.h"
+#include "tensor/adaptive_threads.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
 #include "tensor/threads.h"
@@ -231,6 +235,7 @@ int run(const Config& c) {
     opt.zero_grad();
     backend.synchronize();
     auto t3 = Clock::now();
+    adapt_threads();  // as examples/train does (DDPLAB_ADAPTIVE_THREADS=0: a fixed count)
     if (i < c.warmup) continue;
     fwd_s.push_back(std::chrono::duration<double>(t1 - t0).count());
     bwd_s.push_back(std::chrono::duration<double>(t2 - t1).count());
@@ -248,10 +253,11 @@ int run(const Config& c) {
       ips);
   std::printf(
       "RESULT impl=ddplab model=%s device=%s batch=%lld threads=%d precision=%s step_ms=%.3f "
-      "fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f ips=%.1f omp_wait_policy=%s gomp_spincount=%s\n",
+      "fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f ips=%.1f omp_wait_policy=%s gomp_spincount=%s "
+      "threads_at_end=%d\n",
       c.model.c_str(), c.device.c_str(), static_cast<long long>(c.batch), c.threads,
       precision.c_str(), ms, median(fwd_s) * 1e3, median(bwd_s) * 1e3, median(opt_s) * 1e3, ips,
-      env_or_dash("OMP_WAIT_POLICY"), env_or_dash("GOMP_SPINCOUNT"));
+      env_or_dash("OMP_WAIT_POLICY"), env_or_dash("GOMP_SPINCOUNT"), get_num_threads());
 
   if (c.profile) {
     Breakdown fwd, bwd, opt_b;

@@ -60,6 +60,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
+#include "tensor/adaptive_threads.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 #include "tensor/threads.h"
@@ -765,6 +766,9 @@ int main(int argc, char** argv) {
         timed.end();
         ++loop.step;
         ++loop.epoch_steps;
+        // Fewer threads while other programs hold the cores (Note [Threads under load] in
+        // tensor/adaptive_threads.cpp); a deterministic run keeps its count.
+        if (!c.deterministic) adapt_threads();
         // A skipped step's norm is inf by definition: the scaler has dealt with it.
         if (main_rank && stepped && c.grad_norm_warn > 0 && !(loop.grad_norm <= c.grad_norm_warn)) {
           bar.end_line();  // on a terminal, below the progress line

@@ -418,10 +418,15 @@ Tensor conv2d_with(bool use_onednn, const Tensor& x_in, const Tensor& w_in, cons
     kernels->forward(p, x, w, b, y);
   }
   if (!record) return y;
+  // Backward runs with forward's thread count: the primitives (and so the layouts of y, kept and
+  // gx) are chosen per count, and the count may change between the two (Note [Threads under
+  // load] in tensor/adaptive_threads.cpp).
+  const int threads = get_num_threads();
   return autograd::record(
       kernels->node_name, y, inputs, {x, w, kept},
-      [p, kernels, y_dtype, x_format, y_format](const Tensor& grad, const autograd::Saved& s,
-                                                const autograd::Needs& needs) {
+      [p, kernels, y_dtype, x_format, y_format, threads](
+          const Tensor& grad, const autograd::Saved& s, const autograd::Needs& needs) {
+        const ScopedNumThreads same_as_forward(threads);
         const Tensor& x = s[0];
         const Tensor& w = s[1];
         // The gradient has the output's dtype (it may arrive wider from a float32 consumer) and

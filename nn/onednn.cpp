@@ -36,6 +36,7 @@
 
 #include "tensor/allocator.h"
 #include "tensor/error.h"
+#include "tensor/threads.h"
 
 namespace ddplab::nn::onednn {
 
@@ -259,27 +260,11 @@ auto with_algorithm(bool winograd, Make make, bool* got = nullptr)
 // spin: when another process holds one of the cores, the waiting thread burns its time slice, and
 // the same call took 0.4-1.5 s (a whole float32 step takes 0.2). So these kernels are built for one
 // thread; oneDNN sizes a kernel's work split by the OpenMP thread count at creation, which
-// ThreadCap lowers for that moment. The float32 kernels and the bfloat16 ones of unstrided
+// ScopedNumThreads lowers for that moment. The float32 kernels and the bfloat16 ones of unstrided
 // convolutions keep every thread. So do CPUs with AMX, where oneDNN picks another kernel
 // (jit:avx512_core_amx_bf16): built for one thread there it cost resnet20's bfloat16 step 5%
 // quiet and 10% loaded (8 interleaved rounds, 2 threads, Xeon with AMX, session 21). The cap is
 // therefore tied to jit_bf16 by its name, not to the data type.
-class ThreadCap {
- public:
-  // n = 0: no cap.
-  explicit ThreadCap(int n) : prev_(omp_get_max_threads()), active_(n > 0 && n < prev_) {
-    if (active_) omp_set_num_threads(n);
-  }
-  ~ThreadCap() {
-    if (active_) omp_set_num_threads(prev_);
-  }
-  ThreadCap(const ThreadCap&) = delete;
-  ThreadCap& operator=(const ThreadCap&) = delete;
-
- private:
-  int prev_;
-  bool active_;
-};
 
 struct ConvPrimitives {
   Conv2dParams p;
@@ -398,7 +383,7 @@ struct ConvPrimitives {
     // for one thread (Note [bf16 strided weight gradient]).
     if ((p.stride_h > 1 || p.stride_w > 1) &&
         std::strncmp(pd.impl_info_str(), "jit_bf16", 8) == 0) {
-      ThreadCap cap(1);
+      ScopedNumThreads one(1);
       pd = make_pd();
     }
     bwd_weights = dnnl::convolution_backward_weights(pd);
@@ -410,14 +395,18 @@ struct ConvPrimitives {
   }
 };
 
-// The cache key: a convolution, its types and whether it runs Winograd's algorithm
-// (set_conv_algorithm can change that between calls).
+// The cache key: a convolution, its types, whether it runs Winograd's algorithm
+// (set_conv_algorithm can change that between calls) and the thread count of the calling thread:
+// oneDNN splits many kernels' work for the count they are built with and keeps that split, so a
+// primitive built for 2 threads runs on 2 after set_num_threads(1) (Note [Threads under load] in
+// tensor/adaptive_threads.cpp).
 struct Key {
   Conv2dParams p;
   ConvTypes types;
   bool winograd;
+  int threads;
   bool operator==(const Key& k) const {
-    return p == k.p && types == k.types && winograd == k.winograd;
+    return p == k.p && types == k.types && winograd == k.winograd && threads == k.threads;
   }
 };
 
@@ -434,7 +423,7 @@ struct KeyHash {
       h = h * 2 + bit;
     }
     for (int64_t x : v) h = h * 1000003u ^ std::hash<int64_t>()(x);
-    return h;
+    return h * 31u + static_cast<size_t>(key.threads);
   }
 };
 
@@ -447,7 +436,7 @@ ConvPrimitives& primitives_for(const Conv2dParams& p, ConvTypes types) {
   DDP_CHECK(types.prec == Precision::BFloat16 ||
                 (types.x == Element::Float32 && types.y == Element::Float32),
             "conv2d " << p.str() << ": bfloat16 activations need bfloat16 precision");
-  const Key key{p, types, winograd_pays(p, types.prec)};
+  const Key key{p, types, winograd_pays(p, types.prec), omp_get_max_threads()};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;

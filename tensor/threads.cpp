@@ -16,4 +16,13 @@ int get_num_threads() {
   return omp_get_max_threads();
 }
 
+ScopedNumThreads::ScopedNumThreads(int n)
+    : prev_(omp_get_max_threads()), changed_(n > 0 && n != prev_) {
+  if (changed_) omp_set_num_threads(n);
+}
+
+ScopedNumThreads::~ScopedNumThreads() {
+  if (changed_) omp_set_num_threads(prev_);
+}
+
 }  // namespace ddplab

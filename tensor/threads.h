@@ -12,6 +12,21 @@ namespace ddplab {
 void set_num_threads(int n);
 int get_num_threads();
 
+// Runs the enclosing scope with n threads on the calling thread (n = 0: as it is), then restores
+// the count: a convolution's backward runs with its forward's count (Note [Threads under load] in
+// tensor/adaptive_threads.cpp), and some oneDNN kernels are built for one thread.
+class ScopedNumThreads {
+ public:
+  explicit ScopedNumThreads(int n);
+  ~ScopedNumThreads();
+  ScopedNumThreads(const ScopedNumThreads&) = delete;
+  ScopedNumThreads& operator=(const ScopedNumThreads&) = delete;
+
+ private:
+  int prev_;
+  bool changed_;
+};
+
 // Below this many elements a loop runs on the calling thread: waking the pool costs more.
 constexpr int64_t kParallelGrain = 32768;
 

@@ -15,6 +15,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/error.h"
+#include "tensor/threads.h"
 
 namespace ddplab::cpu {
 
@@ -28,12 +29,16 @@ dnnl::engine& engine() {
   return e;
 }
 
-// Everything that selects a primitive.
+// Everything that selects a primitive, and the thread count it is built for (oneDNN keeps the
+// work split it chose then: Note [Threads under load] in tensor/adaptive_threads.cpp).
 struct Key {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
   double alpha, beta;
-  auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta); }
+  int threads;
+  auto tie() const {
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, threads);
+  }
   bool operator==(const Key& o) const { return tie() == o.tie(); }
 };
 
@@ -42,7 +47,8 @@ struct KeyHash {
     size_t h = (key.trans_a ? 1u : 0u) + (key.trans_b ? 2u : 0u);
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
-    return h * 1000003u ^ std::hash<double>()(key.alpha) ^ std::hash<double>()(key.beta) * 31u;
+    h = h * 1000003u ^ std::hash<double>()(key.alpha) ^ std::hash<double>()(key.beta) * 31u;
+    return h * 31u + static_cast<size_t>(key.threads);
   }
 };
 
@@ -82,7 +88,8 @@ Matmul& matmul_for(const Key& key) {
 }  // namespace
 
 void gemm_bf16_f32(const GemmArgs& g, const void* a, const void* b, float* c) {
-  const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.alpha, g.beta};
+  const int threads = get_num_threads();
+  const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.alpha, g.beta, threads};
   try {
     Matmul& mm = matmul_for(key);
     dnnl::stream s(engine());

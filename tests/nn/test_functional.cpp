@@ -15,6 +15,7 @@
 #include "nn/functional.h"
 #include "nn/onednn.h"
 #include "tensor/ops.h"
+#include "tensor/threads.h"
 #include "tests/test_util.h"
 
 using namespace ddplab;
@@ -251,6 +252,39 @@ TEST_CASE("conv2d: oneDNN primitives are cached per shape") {
   CHECK(nn::onednn::conv_cache_size() == n);
   F::conv2d(x, w, Tensor(), {2, 2}, {1, 1});
   CHECK(nn::onednn::conv_cache_size() == n + 1);
+}
+
+TEST_CASE("conv2d: primitives per thread count; backward runs with forward's count") {
+  // Note [Threads under load] (tensor/adaptive_threads.cpp): oneDNN keeps the work split of the
+  // count a primitive was built for, so a new count builds new primitives; and a backward run
+  // after the count changed (adapt_threads between forward and backward) must use forward's
+  // primitives, whose layouts its saved tensors are in.
+  const ScopedNumThreads two(2);
+  Generator g(2);
+  Tensor x = ops::randn({3, 16, 11, 11}, kFloat32, &g);  // a shape no other case uses
+  Tensor w = ops::randn({16, 16, 3, 3}, kFloat32, &g);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  const size_t before = nn::onednn::conv_cache_size();
+  Tensor y = F::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  CHECK(nn::onednn::conv_cache_size() == before + 1);
+  std::vector<Tensor> grads;
+  {
+    const ScopedNumThreads one(1);
+    grads = autograd::grad({y}, {x, w}, {ops::ones_like(y)});
+    CHECK(nn::onednn::conv_cache_size() == before + 1);  // forward's primitives, not new ones
+    F::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+    CHECK(nn::onednn::conv_cache_size() == before + 2);  // one thread: primitives of its own
+  }
+  // And the gradients are those of a run at one count throughout.
+  Tensor x2 = ops::clone(x.detach()), w2 = ops::clone(w.detach());
+  x2.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  Tensor y2 = F::conv2d(x2, w2, Tensor(), {1, 1}, {1, 1});
+  const std::vector<Tensor> want = autograd::grad({y2}, {x2, w2}, {ops::ones_like(y2)});
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(ops::max_abs_diff(grads[i], want[i]) == 0.0);
+  }
 }
 
 TEST_CASE("conv2d: error messages name both shapes") {
