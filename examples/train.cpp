@@ -466,6 +466,30 @@ void print_epoch_summary(const monitor::EpochTimes& t, bool ddp, bool monitoring
   }
 }
 
+// How many of an epoch's steps ran fewer threads than asked (Note [Threads under load] in
+// tensor/adaptive_threads.cpp): said in the epoch summary, so that a slow epoch on a busy machine
+// explains itself.
+class AdaptedThreads {
+ public:
+  void after_step(int asked) {
+    ++steps_;
+    const int now = get_num_threads();
+    if (now < asked) ++fewer_;
+    fewest_ = std::min(fewest_, now);
+  }
+  void print_summary(int asked) const {
+    if (fewer_ == 0) return;
+    std::printf(
+        "  fewer threads in %lld of %lld steps (down to %d of %d): other programs held the "
+        "cores; DDPLAB_ADAPTIVE_THREADS=0 keeps %d\n",
+        static_cast<long long>(fewer_), static_cast<long long>(steps_), fewest_, asked, asked);
+  }
+
+ private:
+  int64_t steps_ = 0, fewer_ = 0;
+  int fewest_ = 1 << 30;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -572,6 +596,7 @@ int main(int argc, char** argv) {
     const int world = dist.world;                         // DDP:
     const bool main_rank = dist.main_rank;                // DDP:
     if (c.deterministic) make_deterministic(c, main_rank);
+    const int asked_threads = get_num_threads();  // adapt_threads runs at most this many
     manual_seed(c.seed);
     if (main_rank) {  // DDP: rank 0 prints and saves
       // Every flag's value, defaults included: saved as a file, `--config FILE` repeats the run.
@@ -708,6 +733,7 @@ int main(int argc, char** argv) {
       model.train();
       const auto epoch_start = Clock::now();
       const int64_t seen_before = loop.seen;  // examples of this epoch a resumed run did not see
+      AdaptedThreads adapted;                 // for the epoch summary
       mon.begin_epoch();
       // DDP, --even-shards off: a rank out of batches shadows the others' all-reduces until all
       // are done (distributed/join.h); it then takes the longest rank's model.
@@ -769,6 +795,7 @@ int main(int argc, char** argv) {
         // Fewer threads while other programs hold the cores (Note [Threads under load] in
         // tensor/adaptive_threads.cpp); a deterministic run keeps its count.
         if (!c.deterministic) adapt_threads();
+        adapted.after_step(asked_threads);
         // A skipped step's norm is inf by definition: the scaler has dealt with it.
         if (main_rank && stepped && c.grad_norm_warn > 0 && !(loop.grad_norm <= c.grad_norm_warn)) {
           bar.end_line();  // on a terminal, below the progress line
@@ -827,6 +854,7 @@ int main(int argc, char** argv) {
             "%.1f s, lr %.5f\n",
             epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
         print_epoch_summary(times, ddp != nullptr, mon.writer() || mon.trace(), c);
+        adapted.print_summary(asked_threads);
         std::fflush(stdout);
         if (metrics) {
           nlohmann::ordered_json j = {{"epoch", epoch},           {"step", loop.step},
