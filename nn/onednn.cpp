@@ -31,7 +31,6 @@
 #include <utility>
 #include <vector>
 
-#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/allocator.h"
@@ -436,7 +435,7 @@ ConvPrimitives& primitives_for(const Conv2dParams& p, ConvTypes types) {
   DDP_CHECK(types.prec == Precision::BFloat16 ||
                 (types.x == Element::Float32 && types.y == Element::Float32),
             "conv2d " << p.str() << ": bfloat16 activations need bfloat16 precision");
-  const Key key{p, types, winograd_pays(p, types.prec), omp_get_max_threads()};
+  const Key key{p, types, winograd_pays(p, types.prec), get_num_threads()};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
