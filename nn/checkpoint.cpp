@@ -8,8 +8,6 @@
 // every offset valid, and a resumed run would silently train from a corrupted weight.
 #include "nn/checkpoint.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
@@ -37,18 +35,6 @@ constexpr const char* kMetaKey = "ddplab_checkpoint";
 // them, nor the part metadata (a flipped letter in a hyper-parameter would otherwise pass).
 constexpr const char* kMetaCrcKey = "ddplab_checkpoint_crc32";
 constexpr int kVersion = 1;
-
-uint32_t bytes_crc32(const void* data, size_t n) {
-  uLong crc = crc32_z(0L, Z_NULL, 0);
-  if (n > 0) crc = crc32_z(crc, static_cast<const Bytef*>(data), n);
-  return static_cast<uint32_t>(crc);
-}
-
-// CRC32 of a CPU tensor's bytes (contiguous, as load_safetensors returns them).
-uint32_t tensor_crc32(const Tensor& t) {
-  Tensor h = ops::contiguous(t.is_cuda() ? ops::to(t.detach(), kCPU) : t.detach());
-  return bytes_crc32(h.nbytes() > 0 ? h.raw_data() : nullptr, h.nbytes());
-}
 
 bool is_rolling_name(const std::string& name, int64_t* step) {
   static const std::regex re(R"(ckpt-step(\d{1,18})\.safetensors)");

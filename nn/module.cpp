@@ -2,6 +2,8 @@
 #include "nn/module.h"
 
 #include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -275,13 +277,59 @@ void Module::repr_into(std::ostream& os, int indent) const {
   os << std::string(indent, ' ') << ")";
 }
 
+// A state_dict file records a CRC32 of every tensor's bytes in its metadata, as the checkpoints
+// do (nn/checkpoint.cpp): "crc32" holds the JSON object {name: CRC32}. A flipped bit inside a
+// weight leaves a valid safetensors file behind, and a run started from it would train on the
+// corrupted value without a word; with the checksums, `load` refuses it and names the tensor.
+// Files without the entry (PyTorch's `safetensors.torch.save_file` writes none) load unchecked.
+constexpr const char* kCrcKey = "crc32";
+
 void save(const Module& module, const std::string& path) {
-  save_safetensors(path, module.state_dict(), {{"format", "ddplab-state-dict"}});
+  const NamedTensors state = module.state_dict();
+  nlohmann::json crcs = nlohmann::json::object();
+  for (const auto& [name, t] : state) crcs[name] = tensor_crc32(t);
+  save_safetensors(path, state, {{"format", "ddplab-state-dict"}, {kCrcKey, crcs.dump()}});
 }
+
+namespace {
+
+// Checks `tensors` against the checksums in the file's metadata, when it has them.
+void verify_crc32(const std::map<std::string, Tensor>& tensors,
+                  const std::map<std::string, std::string>& metadata, const std::string& path) {
+  auto it = metadata.find(kCrcKey);
+  if (it == metadata.end()) return;
+  const std::string where = "'" + path + "': ";
+  nlohmann::json crcs;
+  try {
+    crcs = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    DDP_FAIL(where << "the '" << kCrcKey << "' metadata (the tensors' checksums) is not valid "
+                   << "JSON: the header is corrupt (" << e.what() << ")");
+  }
+  DDP_CHECK(crcs.is_object() && crcs.size() == tensors.size(),
+            where << "the '" << kCrcKey << "' metadata lists "
+                  << (crcs.is_object() ? crcs.size() : 0) << " tensor checksums, the file holds "
+                  << tensors.size() << " tensors: the header is corrupt");
+  for (const auto& [name, t] : tensors) {
+    auto c = crcs.find(name);
+    DDP_CHECK(c != crcs.end() && c->is_number_unsigned(),
+              where << "tensor '" << name << "' has no recorded CRC32 checksum");
+    const uint32_t recorded = c->get<uint32_t>();
+    const uint32_t actual = tensor_crc32(t);
+    DDP_CHECK(recorded == actual,
+              where << "tensor '" << name << "' fails its CRC32 checksum (recorded " << recorded
+                    << ", its data gives " << actual << "): the file is corrupt");
+  }
+}
+
+}  // namespace
 
 void load(Module& module, const std::string& path, bool strict) {
   try {
-    module.load_state_dict(load_safetensors(path), strict);
+    std::map<std::string, std::string> metadata;
+    std::map<std::string, Tensor> tensors = load_safetensors(path, &metadata);
+    verify_crc32(tensors, metadata, path);
+    module.load_state_dict(tensors, strict);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + "\n  (while loading '" + path + "')");
   }

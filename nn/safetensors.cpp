@@ -17,6 +17,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "tensor/ops.h"
 
@@ -148,6 +149,17 @@ void write_file_atomic(const std::string& path,
   if (::close(fd) != 0) fail(-1, "closing '" + tmp + "' failed");
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(-1, "renaming '" + tmp + "' failed");
   fsync_parent_dir(path);
+}
+
+uint32_t bytes_crc32(const void* data, size_t n) {
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  if (n > 0) crc = crc32_z(crc, static_cast<const Bytef*>(data), n);
+  return static_cast<uint32_t>(crc);
+}
+
+uint32_t tensor_crc32(const Tensor& t) {
+  Tensor h = host_contiguous(t);
+  return bytes_crc32(h.nbytes() > 0 ? h.raw_data() : nullptr, h.nbytes());
 }
 
 void fsync_parent_dir(const std::string& path) {

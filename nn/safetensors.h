@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -32,5 +33,11 @@ void write_file_atomic(const std::string& path,
                        const std::vector<std::pair<const void*, size_t>>& pieces);
 // fsyncs the folder holding `path`, so a rename or unlink in it is durable.
 void fsync_parent_dir(const std::string& path);
+
+// zlib's CRC32 of n bytes, and of a tensor's bytes as a file holds them (host, contiguous). The
+// checkpoints and the state_dict files record one per tensor: a flipped bit inside tensor data
+// leaves every offset of the file valid, and only a checksum tells.
+uint32_t bytes_crc32(const void* data, size_t n);
+uint32_t tensor_crc32(const Tensor& t);
 
 }  // namespace ddplab::nn

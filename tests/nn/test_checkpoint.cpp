@@ -230,6 +230,43 @@ TEST_CASE("checkpoint: a flipped data byte names the tensor and the file") {
   CHECK(contains(err, path));
 }
 
+TEST_CASE("state_dict file: a CRC32 per tensor; a flipped data byte is refused, by tensor") {
+  // nn::save (train --save) records every tensor's checksum; nn::load (train --init-from)
+  // verifies them where present, and a file without them (as PyTorch writes it) still loads.
+  TempDir dir;
+  const std::string path = dir / "w.safetensors";
+  manual_seed(3);
+  nn::Sequential net{std::make_shared<nn::Linear>(4, 3), std::make_shared<nn::BatchNorm2d>(3)};
+  nn::save(net, path);
+  std::map<std::string, std::string> meta;
+  const auto saved = nn::load_safetensors(path, &meta);
+  REQUIRE(meta.count("crc32") == 1);
+  for (const auto& [name, t] : saved) CHECK(contains(meta["crc32"], "\"" + name + "\""));
+  nn::load(net, path);  // intact: loads
+
+  const std::string intact = read_all(path);
+  std::string bytes = intact;
+  bytes[data_offset(bytes, "0.bias") + 1] ^= 0x01;
+  write_all(path, bytes);
+  std::string err = error_of([&] { nn::load(net, path); });
+  CHECK(contains(err, "tensor '0.bias'"));
+  CHECK(contains(err, "checksum"));
+  CHECK(contains(err, path));
+
+  // A recorded checksum damaged: refused too.
+  bytes = intact;
+  const size_t at = bytes.find("\"crc32\"");
+  REQUIRE(at != std::string::npos);
+  const size_t digit = bytes.find("\\\":", at) + 3;  // the first tensor's recorded CRC32
+  bytes[digit] = bytes[digit] == '1' ? '2' : '1';
+  write_all(path, bytes);
+  CHECK(contains(error_of([&] { nn::load(net, path); }), "checksum"));
+
+  // Written without checksums (PyTorch's save_file writes none): loads, unchecked.
+  nn::save_safetensors(path, net.state_dict());
+  nn::load(net, path);
+}
+
 TEST_CASE("checkpoint: a truncated file or a flipped header byte names the file and offset") {
   TempDir dir;
   const std::string path = dir / "c.safetensors";
