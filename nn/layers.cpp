@@ -1,7 +1,9 @@
 // The standard layers (see nn/layers.h).
 #include "nn/layers.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <typeinfo>
 
@@ -158,14 +160,36 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return forward_impl(x, /*fuse_relu=*/false);
 }
 
+namespace {
+std::atomic<bool>& fused_setting() {
+  static std::atomic<bool> on([] {
+    const char* v = std::getenv("DDPLAB_FUSED");
+    return v == nullptr || v[0] != '0';
+  }());
+  return on;
+}
+}  // namespace
+
+void set_fused_batch_norm(bool on) {
+  fused_setting().store(on);
+}
+
+bool fused_batch_norm() {
+  return fused_setting().load();
+}
+
 Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   // typeid, not a virtual: whatever a subclass changes in forward, relu after it is still right.
-  if (typeid(*this) != typeid(BatchNorm2d)) return functional::relu(forward(x));
+  if (typeid(*this) != typeid(BatchNorm2d) || !fused_batch_norm()) {
+    return functional::relu(forward(x));
+  }
   return forward_impl(x, /*fuse_relu=*/true);
 }
 
 Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
-  if (typeid(*this) != typeid(BatchNorm2d)) return functional::add_relu(forward(x), residual);
+  if (typeid(*this) != typeid(BatchNorm2d) || !fused_batch_norm()) {
+    return functional::add_relu(forward(x), residual);
+  }
   return forward_impl(x, /*fuse_relu=*/true, residual);
 }
 

@@ -57,6 +57,13 @@ class Conv2d : public Module {
   Tensor weight, bias;
 };
 
+// Whether BatchNorm2d::forward_relu and forward_add_relu run the fused kernels
+// (functional::batch_norm_relu, batch_norm_add_relu), the default, or the separate calls they
+// equal bit for bit (batch_norm, then relu or add_relu): a switch to compare the two or to
+// rule the fused kernels out when a result looks wrong. Starts as DDPLAB_FUSED says (0: off).
+void set_fused_batch_norm(bool on);
+bool fused_batch_norm();
+
 // Batch normalisation over [N, C, H, W] per channel. weight = 1, bias = 0, running_mean = 0,
 // running_var = 1, num_batches_tracked = 0 (int64 scalar), as PyTorch.
 class BatchNorm2d : public Module {

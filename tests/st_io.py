@@ -45,7 +45,7 @@ def write(path, tensors, bf16=()):
     """tensors: {name: numpy array}; names in `bf16` are stored as BF16."""
     header, chunks, off = {}, [], 0
     for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)  # not ascontiguousarray: it makes a 0-d array 1-d
         if name in bf16:
             data = (arr.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
             dt = "BF16"

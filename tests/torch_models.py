@@ -15,13 +15,16 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
         self.downsample = downsample
-        self.relu = nn.ReLU()
+        # One module per use, so that a forward hook can tell them apart (the parity tests look
+        # at every ReLU's input); ReLU has no state, so the state_dict is unchanged.
+        self.relu1 = nn.ReLU()
+        self.relu2 = nn.ReLU()
 
     def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         identity = self.downsample(x) if self.downsample is not None else x
-        return self.relu(out + identity)
+        return self.relu2(out + identity)
 
 
 class ResNet(nn.Module):
@@ -74,13 +77,14 @@ class SmallCNN(nn.Module):
         s = image_size // 4
         self.fc1 = nn.Linear(64 * s * s, 128)
         self.fc2 = nn.Linear(128, num_classes)
-        self.pool = nn.MaxPool2d(2)
-        self.relu = nn.ReLU()
+        # One module per use (see BasicBlock).
+        self.pool1, self.pool2 = nn.MaxPool2d(2), nn.MaxPool2d(2)
+        self.relu1, self.relu2, self.relu3 = nn.ReLU(), nn.ReLU(), nn.ReLU()
 
     def forward(self, x):
-        h = self.pool(self.relu(self.bn1(self.conv1(x))))
-        h = self.pool(self.relu(self.bn2(self.conv2(h))))
-        h = self.relu(self.fc1(h.flatten(1)))
+        h = self.pool1(self.relu1(self.bn1(self.conv1(x))))
+        h = self.pool2(self.relu2(self.bn2(self.conv2(h))))
+        h = self.relu3(self.fc1(h.flatten(1)))
         return self.fc2(h)
 
 
