@@ -263,8 +263,8 @@ def compare(got, r64, r32, start):
     """Prints the worst tensors and returns (passed, failed). Each float tensor is compared twice:
     its value after the step (the state), and the step itself, after - start: with lr 0.1 a
     weight moves by a small part of itself, so an error in its gradient shows in the step long
-    before it shows in the state (a BatchNorm bias moved from 0, as at PyTorch's initial state,
-    is the exception the issue of the state alone showed)."""
+    before it shows in the state (a BatchNorm bias that starts at 0, as in PyTorch's initial
+    state, is the exception: its state is its step)."""
     passed = failed = 0
     if sorted(got) != sorted(r64):
         failed += 1
