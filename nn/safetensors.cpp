@@ -223,7 +223,8 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path,
       continue;
     }
     const json& e = *it;
-    const std::string w = where + "tensor '" + name + "': ";
+    std::string w = where;
+    w.append("tensor '").append(name).append("': ");
     DDP_CHECK(e.is_object(), w << "entry is not an object");
     DDP_CHECK(e.contains("dtype") && e["dtype"].is_string(), w << "missing string 'dtype'");
     DDP_CHECK(e.contains("shape") && e["shape"].is_array(), w << "missing array 'shape'");
@@ -272,6 +273,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path,
 
   // The tensors must tile the buffer exactly: sorted by offset, no gaps, no overlap.
   std::vector<const Entry*> sorted;
+  sorted.reserve(entries.size());
   for (const Entry& e : entries) sorted.push_back(&e);
   std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
