@@ -11,14 +11,15 @@
 #define DDP_HD inline
 #endif
 
-// Marks a CPU kernel to be compiled twice: for the baseline the build targets (x86-64-v2: SSE4.2)
-// and for x86-64-v4 (AVX-512), the copy picked when the process starts on a CPU that has it (GCC's
-// target_clones: an ifunc chooses once). The kernels it marks spend their time in per-element
-// arithmetic that the compiler vectorizes: AVX-512 does 8 doubles or 16 floats per instruction
-// where SSE does 2 or 4. Both copies compute the same operations in the same order, and the build
-// forbids fusing a multiply and an add (-ffp-contract=off in meson.build), hence the same bits.
+// Marks a CPU kernel to be compiled three times: for the baseline the build targets (x86-64-v2:
+// SSE4.2), for x86-64-v3 (AVX2) and for x86-64-v4 (AVX-512); the widest copy the CPU runs is picked
+// when the process starts (GCC's target_clones: an ifunc chooses once). The kernels it marks spend
+// their time in per-element arithmetic that the compiler vectorizes: AVX-512 does 8 doubles or 16
+// floats per instruction, AVX2 4 or 8, SSE 2 or 4. Every copy computes the same operations in the
+// same order, and the build forbids fusing a multiply and an add (-ffp-contract=off in
+// meson.build, which also keeps AVX2's FMA instructions out), hence the same bits.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
-#define DDP_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v4")))
+#define DDP_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
 #define DDP_CPU_CLONES
 #endif
