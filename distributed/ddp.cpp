@@ -142,7 +142,7 @@ void DistributedDataParallel::join_shadow_iteration() {
     sync_buffers(find_common_rank(false));
   }
   bool has_collectives = false;  // Note [Join] in join.cpp: such a model is replayed
-  module_->apply([&](nn::Module& m) { has_collectives |= m.type_name() == "SyncBatchNorm"; });
+  module_->apply([&](nn::Module& m) { has_collectives |= m.runs_collectives(); });
   if (has_collectives) {
     join_replay_iteration();
   } else {

@@ -173,7 +173,7 @@ size_t ZeroRedundancyOptimizer::local_state_bytes() const {
   return bytes;
 }
 
-void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
+bool ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   const int world = pg_->size(), me = pg_->rank();
   DDP_CHECK(to >= 0 && to < world, "consolidate_state_dict: to=" << to << " is not a rank of the "
                                                                  << world << "-rank group");
@@ -217,7 +217,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   }
   consolidated_to_ = to;
   consolidated_.reset();
-  if (me != to) return;
+  if (me != to) return false;
 
   // The layout of the plain optimizer's state_dict (optim/optimizer.cpp): its type, the groups
   // with their options and flat indices, the step counts, the tensors by index then name.
@@ -240,6 +240,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   });
   whole.tensors = std::move(tensors);
   consolidated_ = std::move(whole);
+  return true;
 }
 
 optim::OptimizerState ZeroRedundancyOptimizer::state_dict() const {

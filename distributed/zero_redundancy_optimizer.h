@@ -73,8 +73,9 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   // Collective: every rank sends its shard's state to rank `to` (PyTorch's default: 0), which
   // assembles the state a plain optimizer of the same kind would have. Call it before
-  // state_dict() or save() on rank `to`; a later step() makes it stale.
-  void consolidate_state_dict(int to = 0);
+  // state_dict() or save() on rank `to`; a later step() makes it stale. Returns whether this rank
+  // is `to`.
+  bool consolidate_state_dict(int to = 0) override;
   // On rank `to` after consolidate_state_dict(to): the whole state in the plain optimizer's
   // layout (type "SGD", "Adam", ...; "state.<flat index>.<name>"). Elsewhere, or before it:
   // throws, saying what to call.

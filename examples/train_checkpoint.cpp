@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "distributed/init_process_group.h"
-#include "distributed/zero_redundancy_optimizer.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -272,12 +271,7 @@ nn::TrainingState Checkpointing::capture(Trainables& t, const LoopState& loop) c
   // on rank 0 is a collective (every rank takes part), and then only rank 0 has the whole state,
   // in a plain optimizer's layout, to save.
   optim::OptimizerState os;
-  if (auto* zero = dynamic_cast<distributed::ZeroRedundancyOptimizer*>(&t.opt)) {
-    zero->consolidate_state_dict(0);
-    if (main_rank()) os = zero->state_dict();
-  } else {
-    os = t.opt.state_dict();
-  }
+  if (t.opt.consolidate_state_dict(0)) os = t.opt.state_dict();
   st.parts["optimizer"] = {os.meta, os.tensors};
   st.parts["scheduler"].meta = t.sched.state_dict();
   st.parts["scaler"].meta = t.scaler.state_dict();

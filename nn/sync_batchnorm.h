@@ -40,6 +40,7 @@ class SyncBatchNorm : public BatchNorm2d {
 
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "SyncBatchNorm"; }
+  bool runs_collectives() const override { return true; }
 
   // Replaces every BatchNorm2d in `module`'s tree by a SyncBatchNorm on `process_group` that
   // holds the same parameter and buffer tensors, under the same names (checkpoints load either

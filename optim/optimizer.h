@@ -66,6 +66,14 @@ class Optimizer {
   double lr() const { return groups_.at(0).get("lr"); }
   void set_lr(double lr);
 
+  // For an optimizer whose state is sharded across ranks (distributed::ZeroRedundancyOptimizer):
+  // gathers it onto rank `to`, a collective every rank calls, after which state_dict() on `to`
+  // returns the whole state. Returns whether this rank's state_dict() is then the whole state:
+  // always, for an optimizer that keeps all of it (this default, which communicates nothing).
+  virtual bool consolidate_state_dict(int to = 0) {
+    (void)to;
+    return true;
+  }
   // Virtual so that a wrapper holding only part of the state (distributed::
   // ZeroRedundancyOptimizer) can answer, and save()/load() go through it.
   virtual OptimizerState state_dict() const;
