@@ -138,8 +138,9 @@ void finish_output(const Arg& a, memory prim, void* ptr) {
 }
 
 // Activations: NCHW or NHWC (channels-last) is what we hold. `any` lets oneDNN pick its blocked
-// layout (and pays two reorders per call); measured on resnet20 shapes the blocked kernels win by more than the
-// reorders cost. DDPLAB_ONEDNN_PLAIN=1 forces plain NCHW kernels (for comparison only).
+// layout (and pays two reorders per call); measured on resnet20 shapes the blocked kernels win by
+// more than the reorders cost. DDPLAB_ONEDNN_PLAIN=1 forces plain NCHW kernels (for comparison
+// only).
 //
 // One exception: a direct convolution with 8 to 16 channels in and out asks for channels-last
 // (NHWC). With 16 channels oneDNN's blocked layout nChw16c is byte for byte NHWC, so the
@@ -152,8 +153,9 @@ void finish_output(const Arg& a, memory prim, void* ptr) {
 // In bfloat16 the same holds for wider layers: every direct convolution with >= 8 channels in and
 // out asks for NHWC. Its tensors then stay NHWC from one layer to the next (Note [Channels last]
 // in tensor/ops_create.cpp), so the 32- and 64-channel layers lose their four reorders per call
-// too; resnet20's bfloat16 step took 8-17% less time (3 interleaved rounds, 2 threads, session
-// 19). Float32's 32- and 64-channel layers run Winograd, which needs the blocked layout.
+// too; resnet20's bfloat16 step took 8-17% less time (3 interleaved rounds, 2 threads,
+// 2026-12-03, AMD EPYC with AVX-512). Float32's 32- and 64-channel layers run Winograd, which
+// needs the blocked layout.
 // oneDNN's ISA values are masks, not an order: AVX-512 is every name starting avx512_core.
 bool isa_is_avx512() {
   return cpu_isa_name().rfind("avx512_core", 0) == 0;
@@ -205,8 +207,9 @@ constexpr int64_t kWinogradMinChannels = 32;
 // step). So from 64 channels in and out the weight gradient of a bfloat16 convolution widens x
 // and gy to float32 (the reorders into Winograd's blocked layout convert them, exactly) and runs
 // float32 Winograd; the weight gradient is float32 either way. resnet20's bfloat16 step: 0.972x
-// (8 interleaved rounds, session 20). With 32 channels it gains nothing (1.005x): converting the
-// larger activations costs what the kernel saves; nor does running all three passes so (1.016x).
+// (8 interleaved rounds, 2026-12-03, AMD EPYC with AVX-512). With 32 channels it gains nothing
+// (1.005x): converting the larger activations costs what the kernel saves; nor does running all
+// three passes so (1.016x).
 constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 
 ConvAlgorithm initial_algorithm() {
@@ -262,7 +265,7 @@ auto with_algorithm(bool winograd, Make make, bool* got = nullptr)
 // ScopedNumThreads lowers for that moment. The float32 kernels and the bfloat16 ones of unstrided
 // convolutions keep every thread. So do CPUs with AMX, where oneDNN picks another kernel
 // (jit:avx512_core_amx_bf16): built for one thread there it cost resnet20's bfloat16 step 5%
-// quiet and 10% loaded (8 interleaved rounds, 2 threads, Xeon with AMX, session 21). The cap is
+// quiet and 10% loaded (8 interleaved rounds, 2 threads, Xeon with AMX, 2026-12-03). The cap is
 // therefore tied to jit_bf16 by its name, not to the data type.
 
 struct ConvPrimitives {
@@ -467,10 +470,11 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
   // and y follows x, as in PyTorch: once a network is channels-last it stays so, and batch norm's
   // NHWC loops are faster than its NCHW ones. resnet20 (channels-last from its first layer on),
   // float32, 2 threads, 6 interleaved rounds: median step 157 ms with every layer NHWC, 173 ms
-  // with only the 16-channel ones (session 19). A network that starts NCHW stays NCHW until a
-  // layer writes NHWC bytes; a one-channel input counts as channels-last (conv.cpp,
-  // counts_as_channels_last), so the small CNN runs channels-last too, pooling included. The rule
-  // is applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out y so.
+  // with only the 16-channel ones (2026-12-03, AMD EPYC with AVX-512). A network that starts NCHW
+  // stays NCHW until a layer writes NHWC bytes; a one-channel input counts as channels-last
+  // (conv.cpp, counts_as_channels_last), so the small CNN runs channels-last too, pooling included.
+  // The rule is applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out
+  // y so.
   return primitives_for(p, types).y_nhwc;
 }
 

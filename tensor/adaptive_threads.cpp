@@ -6,9 +6,10 @@
 // program holds one of the cores, one of our threads waits for the scheduler to give it a turn
 // (milliseconds) while the other has finished its half and waits at the region's end, and this
 // repeats at every region, a few hundred per step. resnet20 at batch 128 on a 2-core machine with
-// two competing spinning processes (bench_train.py --load 2, session 23): float32 345 ms per step
-// with 2 threads, 290 ms with 1; bfloat16 208 ms with 2, 137 with 1. One competing process: 236
-// vs 202 ms, 148 vs 98. So when the cores are taken, fewer threads finish the step sooner.
+// two competing spinning processes (bench_train.py --load 2, 2026-12-04, Intel Xeon with AMX):
+// float32 345 ms per step with 2 threads, 290 ms with 1; bfloat16 208 ms with 2, 137 with 1. One
+// competing process: 236 vs 202 ms, 148 vs 98. So when the cores are taken, fewer threads finish
+// the step sooner.
 //
 // What "taken" means is measured, not guessed: Linux keeps for every thread the time it spent
 // ready to run but waiting for a CPU (the run queue delay, /proc/self/task/*/schedstat). Summed

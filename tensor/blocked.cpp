@@ -3,9 +3,10 @@
 // 32 and 64 channels) read and write nChw16c: the channels cut into groups of 16, and within a
 // group the 16 values of one pixel side by side ([N][C/16][H][W][16]). A convolution handed NHWC
 // tensors pays a reorder on the way in and another on the way out, forward and backward; on
-// resnet20 they took 15 ms of a 127 ms float32 step (docs/benchmarks.md, session 21). Strides
-// cannot describe nChw16c, so the layout is a mark on the storage instead: the tensor keeps the
-// shape [N, C, H, W] and channels-last strides, and its storage says "my bytes are blocked".
+// resnet20 they took 15 ms of a 127 ms float32 step (docs/benchmarks.md, 2026-12-03, Intel Xeon
+// with AMX). Strides cannot describe nChw16c, so the layout is a mark on the storage instead: the
+// tensor keeps the shape [N, C, H, W] and channels-last strides, and its storage says "my bytes are
+// blocked".
 //
 // Who writes and reads it: the oneDNN convolution writes y (and, backward, the input gradient)
 // blocked where its kernel works in nChw16c, and reads blocked x and gy as they are; batch norm

@@ -1,4 +1,4 @@
-"""examples/train under ddprun equals one process with the whole batch (issue 8).
+"""examples/train under ddprun equals one process with the whole batch.
 
     check_train_equivalence.py DDPRUN TRAIN CASE     CASE: syncbn | accumulation | flags
 

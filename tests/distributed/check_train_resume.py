@@ -1,4 +1,4 @@
-"""examples/train's fault tolerance end to end (issue 9), on a Fashion-MNIST subset.
+"""examples/train's fault tolerance end to end, on a Fashion-MNIST subset.
 
     check_train_resume.py DDPRUN TRAIN CASE
 

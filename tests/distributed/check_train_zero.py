@@ -1,4 +1,4 @@
-"""examples/train --zero under ddprun trains exactly like plain DDP (issue 11, ZeRO-1).
+"""examples/train --zero under ddprun trains exactly like plain DDP (ZeRO-1).
 
     check_train_zero.py DDPRUN TRAIN
 

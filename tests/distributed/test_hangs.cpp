@@ -1,4 +1,4 @@
-// Hangs and launch environments (issue 9): a stopped rank makes the others' collectives time out
+// Hangs and launch environments: a stopped rank makes the others' collectives time out
 // with a message naming the collective, its seq and the missing rank; the flight recorder's
 // ring buffer and its dumps, merged by tools/flight_merge.py (path in env FLIGHT_MERGE), point at
 // the rank that is behind; init_process_group's rendezvous reports whom it waits for and rejects

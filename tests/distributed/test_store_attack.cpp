@@ -1,4 +1,4 @@
-// The store under attack (issue 9, docs/store.md "Security model"): a client without the token
+// The store under attack (docs/store.md "Security model"): a client without the token
 // can neither write nor make the server buffer more than a few KiB; idle unauthenticated
 // connections and connections beyond the limit are closed; a client that never reads its
 // replies is disconnected while the others are served; and running out of file descriptors makes
