@@ -7,6 +7,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "distributed/collectives.h"
 #include "distributed/model_check.h"
 #include "tensor/ops.h"
 
@@ -72,19 +73,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_unique<Reducer>(module_->named_parameters(), pg_, options.reducer);
 }
 
-namespace {
-
-// One all-reduce of a single float, waited for.
-double all_reduce_scalar(ProcessGroup& pg, double value, ReduceOp op) {
-  Tensor t = ops::full({1}, value, {kFloat32, pg.device()});
-  pg.all_reduce(t, op)->wait();
-  return ops::to(t, kCPU).item<double>();
-}
-
-}  // namespace
-
 int DistributedDataParallel::find_common_rank(bool eligible) {
-  return static_cast<int>(all_reduce_scalar(*pg_, eligible ? pg_->rank() : -1, ReduceOp::Max));
+  return static_cast<int>(all_reduce_value(*pg_, eligible ? pg_->rank() : -1, ReduceOp::Max));
 }
 
 void DistributedDataParallel::sync_buffers(int root) {
@@ -103,7 +93,7 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
   const bool joining = training_step && join_config.enable;
   if (joining) {  // Note [Join]: "still running", then whether this iteration all-reduces
     Join::notify_join_context(*this);
-    all_reduce_scalar(*pg_, sync ? 1 : 0, ReduceOp::Max);
+    all_reduce_value(*pg_, sync ? 1 : 0, ReduceOp::Max);
   }
   if (sync && options_.broadcast_buffers && pg_->size() > 1 && !module_->buffers().empty()) {
     // Under a Join rank 0 may have stopped early: the buffers of the highest running rank win.
@@ -136,7 +126,7 @@ std::unique_ptr<JoinHook> DistributedDataParallel::join_hook() {
 
 void DistributedDataParallel::join_shadow_iteration() {
   // The collectives of a running rank's forward and backward, in their order (forward above).
-  const bool others_sync = all_reduce_scalar(*pg_, 0, ReduceOp::Max) != 0;
+  const bool others_sync = all_reduce_value(*pg_, 0, ReduceOp::Max) != 0;
   if (!others_sync) return;  // they are inside no_sync(): no communication this iteration
   if (options_.broadcast_buffers && pg_->size() > 1 && !module_->buffers().empty()) {
     sync_buffers(find_common_rank(false));

@@ -46,6 +46,7 @@
 #include <exception>
 #include <sstream>
 
+#include "distributed/collectives.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -54,13 +55,6 @@ namespace ddplab::distributed {
 namespace {
 
 thread_local bool t_shadowing = false;
-
-// One all-reduce (sum) of a single float, waited for.
-double all_reduce_scalar(ProcessGroup& pg, Device device, double value) {
-  Tensor t = ops::full({1}, value, {kFloat32, device});
-  pg.all_reduce(t, ReduceOp::Sum)->wait();
-  return ops::to(t, kCPU).item<double>();
-}
 
 }  // namespace
 
@@ -108,8 +102,8 @@ void Join::notify_join_context(Joinable& joinable) {
   const JoinConfig& config = joinable.join_config;
   if (!config.enable || !config.is_first_joinable) return;
   ProcessGroup& pg = *joinable.join_process_group();
-  all_reduce_scalar(pg, joinable.join_device(), 1.0);  // "still running"
-  if (config.throw_on_early_termination && all_reduce_scalar(pg, joinable.join_device(), 0.0) > 0) {
+  all_reduce_value(pg, 1.0);  // "still running"
+  if (config.throw_on_early_termination && all_reduce_value(pg, 0.0) > 0) {
     throw Error(
         "Join: detected at least one rank that exhausted its inputs; throwing on every "
         "rank (throw_on_early_termination=true)");
@@ -129,11 +123,11 @@ void Join::join() {
   bool is_last_joiner = true;
   for (;;) {
     // Matches the running ranks' notify_join_context: they add 1 each, this rank 0.
-    const double running = all_reduce_scalar(*pg_, device_, 0.0);
+    const double running = all_reduce_value(*pg_, 0.0);
     if (running == 0) break;
     if (throw_) {
       // Matches the running ranks' second all-reduce: 1 tells them to throw too.
-      all_reduce_scalar(*pg_, device_, 1.0);
+      all_reduce_value(*pg_, 1.0);
       for (Joinable* j : joinables_) j->join_config = {};
       std::ostringstream os;
       os << "Join: rank " << pg_->rank() << " exhausted its inputs while " << running

@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "distributed/collectives.h"
 #include "tensor/ops.h"
 
 namespace ddplab::distributed {
@@ -28,30 +29,6 @@ uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-// Every rank's copy of `local` (variable-length bytes): gather the lengths, then the bytes padded
-// to the longest.
-std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& local) {
-  const int w = pg.size();
-  std::vector<Tensor> lengths(w);
-  for (auto& t : lengths) t = ops::zeros({1}, kInt64);
-  pg.all_gather(lengths,
-                ops::from_vector<int64_t>({static_cast<int64_t>(local.size())}, {1}, kInt64))
-      ->wait();
-  int64_t longest = 1;
-  for (const auto& t : lengths) longest = std::max(longest, t.item<int64_t>());
-  Tensor mine = ops::zeros({longest}, kUInt8);
-  std::copy(local.begin(), local.end(), mine.data_ptr<uint8_t>());
-  std::vector<Tensor> all(w);
-  for (auto& t : all) t = ops::zeros({longest}, kUInt8);
-  pg.all_gather(all, mine)->wait();
-  std::vector<std::string> out;
-  for (int r = 0; r < w; ++r) {
-    const auto* p = all[r].data_ptr<uint8_t>();
-    out.emplace_back(p, p + lengths[r].item<int64_t>());
-  }
-  return out;
 }
 
 // "param fc.weight" -> "[4, 8] float32", in order.
@@ -104,14 +81,11 @@ void verify_same_model_on_all_ranks(const nn::Module& module, ProcessGroup& pg) 
   if (pg.size() == 1) return;
   // Cheap first: one 8-byte hash per rank. Only on a mismatch exchange the full lists.
   const std::string sig = model_signature(module);
-  std::vector<Tensor> hashes(pg.size());
-  for (auto& t : hashes) t = ops::zeros({1}, kInt64);
   const auto h = static_cast<int64_t>(fnv1a(sig));
-  pg.all_gather(hashes, ops::from_vector<int64_t>({h}, {1}, kInt64))->wait();
   // Every rank sees the same hashes, so every rank takes the same branch (and joins the same
   // collectives) here.
   bool all_same = true;
-  for (const Tensor& t : hashes) all_same = all_same && t.item<int64_t>() == h;
+  for (const auto& v : all_gather_values(pg, {h})) all_same = all_same && v.at(0) == h;
   if (all_same) return;
   const std::vector<std::string> sigs = all_gather_strings(pg, sig);
   DDP_FAIL(

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "autograd/node.h"
+#include "distributed/collectives.h"
 #include "distributed/ddp.h"
 #include "tensor/ops.h"
 
@@ -87,22 +88,6 @@ std::vector<optim::ParamGroup> with_defaults(std::vector<optim::ParamGroup> grou
                                              const OptimizerFactory& factory) {
   DDP_CHECK(factory != nullptr, "ZeroRedundancyOptimizer: null optimizer factory");
   return factory(std::move(groups))->param_groups();
-}
-
-// Sends `j` from rank `root` to every rank and returns it there (two broadcasts: the length,
-// then the bytes, on the group's device); other ranks' `j` is ignored.
-nlohmann::json broadcast_json(ProcessGroup& pg, const nlohmann::json& j, int root) {
-  const std::string text = pg.rank() == root ? j.dump() : std::string();
-  Tensor length = ops::to(ops::full({1}, static_cast<double>(text.size()), kInt64), pg.device());
-  pg.broadcast(length, root)->wait();
-  const auto n = ops::to(length, kCPU).to_vector<int64_t>()[0];
-  Tensor bytes = ops::empty({n}, kUInt8);
-  if (pg.rank() == root) std::memcpy(bytes.raw_data(), text.data(), text.size());
-  bytes = ops::to(bytes, pg.device());
-  pg.broadcast(bytes, root)->wait();
-  bytes = ops::to(bytes, kCPU);
-  return nlohmann::json::parse(
-      std::string(static_cast<const char*>(bytes.raw_data()), static_cast<size_t>(n)));
 }
 
 }  // namespace
@@ -198,7 +183,8 @@ bool ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   std::vector<int64_t> steps(owner_.size(), 0);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (int r = 0; r < world; ++r) {
-    const nlohmann::json shard = broadcast_json(*pg_, mine, r);
+    const nlohmann::json shard =
+        nlohmann::json::parse(broadcast_bytes(*pg_, r == me ? mine.dump() : std::string(), r));
     std::vector<Tensor> received = my_tensors;
     if (r != me) {
       received.clear();

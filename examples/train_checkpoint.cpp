@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/collectives.h"
 #include "distributed/init_process_group.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -130,10 +131,7 @@ Checkpointing::Checkpointing(CheckpointOptions options,
 }
 
 int64_t Checkpointing::broadcast_from_rank0(int64_t value) const {
-  if (!pg_) return value;
-  Tensor t = ops::to(ops::from_vector<int64_t>({value}, {1}, kInt64), pg_->device());
-  pg_->broadcast(t, 0)->wait();
-  return ops::to(t, kCPU).item<int64_t>();
+  return pg_ ? distributed::broadcast_value(*pg_, value, 0) : value;
 }
 
 std::optional<nn::CheckpointManager::Loaded> Checkpointing::find_resume() {
@@ -241,22 +239,12 @@ nn::TrainingState Checkpointing::capture(Trainables& t, const LoopState& loop) c
   // another step (which would be a bug in the loop) is caught here rather than saved.
   const int world = pg_ ? pg_->size() : 1;
   const Generator& g = default_generator();
-  Tensor mine =
-      ops::from_vector<int64_t>({loop.step, as_int64(g.seed()), as_int64(g.offset())}, {3}, kInt64);
-  std::vector<Tensor> all;
-  if (pg_) {
-    for (int r = 0; r < world; ++r) all.push_back(ops::zeros({3}, TensorOptions(kInt64)));
-    std::vector<Tensor> on_device;
-    on_device.reserve(all.size());
-    for (const auto& a : all) on_device.push_back(ops::to(a, pg_->device()));
-    pg_->all_gather(on_device, ops::to(mine, pg_->device()))->wait();
-    for (int r = 0; r < world; ++r) all[r] = ops::to(on_device[r], kCPU);
-  } else {
-    all.push_back(mine);
-  }
+  const std::vector<int64_t> mine{loop.step, as_int64(g.seed()), as_int64(g.offset())};
+  const std::vector<std::vector<int64_t>> all =
+      pg_ ? distributed::all_gather_values(*pg_, mine) : std::vector<std::vector<int64_t>>{mine};
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
-    const int64_t* v = all[r].data_ptr<int64_t>();
+    const std::vector<int64_t>& v = all[static_cast<size_t>(r)];
     DDP_CHECK(v[0] == loop.step,
               "checkpoint at step " << loop.step << ": rank " << r << " is at step " << v[0]);
     ranks.push_back({{"seed", as_uint64(v[1])}, {"offset", as_uint64(v[2])}});

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "distributed/collectives.h"
 #include "distributed/sampler.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
@@ -120,10 +121,7 @@ std::string encode_checkpoint(const nn::TrainingState& state) {
 }
 
 int64_t broadcast_from_rank0(distributed::ProcessGroup* pg, int64_t value) {
-  if (pg == nullptr) return value;
-  Tensor t = ops::from_vector<int64_t>({value}, {1}, kInt64);
-  pg->broadcast(t, 0)->wait();
-  return t.item<int64_t>();
+  return pg == nullptr ? value : distributed::broadcast_value(*pg, value, 0);
 }
 
 std::string weight_bytes(nn::Module& model) {

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/collectives.h"
 #include "distributed/init_process_group.h"
 #include "distributed/process_group.h"
 #include "distributed/process_group_gloo.h"
@@ -36,7 +37,9 @@
 #include "tests/skip.h"
 
 #if defined(DDP_CUDA)
+#include "distributed/model_check.h"
 #include "distributed/process_group_nccl.h"
+#include "nn/layers.h"
 #endif
 
 using namespace ddplab;
@@ -545,6 +548,27 @@ namespace {
 }
 }  // namespace
 
+TEST_CASE("small host values (distributed/collectives.h) over gloo, 3 ranks") {
+  run_ranks(3, [](int rank, int w, const std::shared_ptr<TCPStore>& store) {
+    auto pg = make_group(rank, w, store);
+    EXPECT(distributed::all_reduce_value(*pg, rank + 1) == 6, "sum");
+    EXPECT(distributed::all_reduce_value(*pg, rank, distributed::ReduceOp::Max) == 2, "max");
+    EXPECT(distributed::broadcast_value(*pg, 100 + rank, 1) == 101, "broadcast_value");
+    const auto all = distributed::all_gather_values(*pg, {rank, 10 * rank, -rank});
+    EXPECT(all.size() == 3, "all_gather_values size " << all.size());
+    for (int r = 0; r < w; ++r)
+      EXPECT((all[r] == std::vector<int64_t>{r, 10 * r, -r}), "all_gather_values rank " << r);
+    // Bytes, not text: a zero byte inside, and an empty one.
+    const std::string bytes = std::string("a\0b", 3) + std::to_string(rank);
+    EXPECT(distributed::broadcast_bytes(*pg, bytes, 2) == std::string("a\0b2", 4),
+           "broadcast_bytes");
+    EXPECT(distributed::broadcast_bytes(*pg, rank == 0 ? "" : "x", 0).empty(), "empty bytes");
+    const auto strings = distributed::all_gather_strings(*pg, std::string(rank * 2, 'a' + rank));
+    for (int r = 0; r < w; ++r)
+      EXPECT(strings[r] == std::string(r * 2, 'a' + r), "all_gather_strings rank " << r);
+  });
+}
+
 TEST_CASE("nccl backend: all_reduce/broadcast/all_gather/reduce_scatter/barrier on GPUs") {
 #if !defined(DDP_CUDA)
   DDP_SKIP_IF(true, "ddplab was built without CUDA (the NCCL backend is compile-checked only)");
@@ -585,6 +609,19 @@ TEST_CASE("nccl backend: all_reduce/broadcast/all_gather/reduce_scatter/barrier 
       for (double v : out.to_vector<double>()) EXPECT(v == w * (rank + 1), "nccl reduce_scatter");
       pg->barrier()->wait();
       EXPECT(pg->sequence_number() == 6, "seq");
+      // The small-value helpers place their tensors on the group's device (a CPU tensor would be
+      // refused here, as DDP's construction check once did on NCCL).
+      EXPECT(distributed::all_reduce_value(*pg, rank + 1) == w * (w + 1) / 2, "all_reduce_value");
+      EXPECT(distributed::broadcast_value(*pg, rank + 7, 0) == 7, "broadcast_value");
+      EXPECT(distributed::all_gather_values(*pg, {rank}).size() == static_cast<size_t>(w),
+             "all_gather_values");
+      EXPECT(distributed::broadcast_bytes(*pg, "nccl" + std::to_string(rank), 0) == "nccl0",
+             "broadcast_bytes");
+      EXPECT(distributed::all_gather_strings(*pg, "r" + std::to_string(rank)).back() ==
+                 "r" + std::to_string(w - 1),
+             "all_gather_strings");
+      // DDP's construction check, which all-gathers each rank's model signature.
+      distributed::verify_same_model_on_all_ranks(nn::Linear(3, 2), *pg);
       store_sync(*store, "nccl_done", rank, w);
     });
   }
