@@ -10,16 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "autograd/node.h"
-#include "data/dataloader.h"
-#include "distributed/ddp.h"
-#include "distributed/init_process_group.h"
-#include "distributed/sampler.h"
-#include "nn/checkpoint.h"
-#include "nn/functional.h"
-#include "nn/layers.h"
-#include "optim/sgd.h"
-#include "tensor/ops.h"
+#include <ddplab/ddplab.h>  // all of ddplab, as libtorch's <torch/torch.h>
 
 using namespace ddplab;
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ddplab as an installed library (docs/getting-started.md), end to end:
 #   1. `meson install --destdir` this build into a temporary folder;
-#   2. copy examples/minimal_ddp.cpp out of the repository and compile it with pkg-config alone,
+#   2. copy examples/minimal_ddp.cpp (which includes <ddplab/ddplab.h> alone) out of the
+#      repository and compile it with pkg-config alone,
 #      exactly as the page says (the .pc is relocatable: its prefix follows the file);
 #   3. check that the program and libddplab.so need no CUDA library, even in a CUDA build;
 #   4. train it on 2 ranks under the installed ddprun: the loss must fall, the test accuracy
@@ -24,8 +25,14 @@ export PKG_CONFIG_PATH=$(dirname "$pc")
 # into the destdir (a fresh `meson setup` writes a relocatable one, see meson.build).
 define=()
 grep -q pcfiledir "$pc" || define=(--define-variable=prefix="$work/dest$(sed -n 's/^prefix=//p' "$pc")")
-[ -f "$(pkg-config "${define[@]}" --variable=includedir ddplab)/ddplab/distributed/ddp.h" ] \
+includedir=$(pkg-config "${define[@]}" --variable=includedir ddplab)
+[ -f "$includedir/ddplab/distributed/ddp.h" ] \
   || fail "distributed/ddp.h is not installed under pkg-config's includedir"
+[ -f "$includedir/ddplab/ddplab.h" ] || fail "the umbrella header ddplab/ddplab.h is not installed"
+# The program includes nothing of ddplab but the umbrella header.
+grep -q '^#include <ddplab/ddplab.h>' "$src/examples/minimal_ddp.cpp" \
+  && ! grep -q '^#include "' "$src/examples/minimal_ddp.cpp" \
+  || fail "examples/minimal_ddp.cpp should include <ddplab/ddplab.h> alone"
 
 mkdir "$work/my_lab" && cp "$src/examples/minimal_ddp.cpp" "$work/my_lab/my_lab.cpp"
 cd "$work/my_lab" || exit 1
