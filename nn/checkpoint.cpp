@@ -121,14 +121,7 @@ TrainingState load_checkpoint(const std::string& path) {
   }
 
   for (const auto& [key, t] : tensors) {
-    auto c = crcs.find(key);
-    DDP_CHECK(c != crcs.end() && c->is_number_unsigned(),
-              where << "tensor '" << key << "' has no recorded CRC32");
-    const uint32_t stored = c->get<uint32_t>();
-    const uint32_t actual = tensor_crc32(t);
-    DDP_CHECK(stored == actual, where << "tensor '" << key << "' fails its CRC32 check (recorded "
-                                      << stored << ", data gives " << actual
-                                      << "): the file is corrupt");
+    check_tensor_crc32(crcs, key, t, where);
     // "<part>.<name>" belongs to a part the metadata lists; anything else is the model's.
     const size_t dot = key.find('.');
     auto p = dot == std::string::npos ? st.parts.end() : st.parts.find(key.substr(0, dot));

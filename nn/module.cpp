@@ -310,16 +310,7 @@ void verify_crc32(const std::map<std::string, Tensor>& tensors,
             where << "the '" << kCrcKey << "' metadata lists "
                   << (crcs.is_object() ? crcs.size() : 0) << " tensor checksums, the file holds "
                   << tensors.size() << " tensors: the header is corrupt");
-  for (const auto& [name, t] : tensors) {
-    auto c = crcs.find(name);
-    DDP_CHECK(c != crcs.end() && c->is_number_unsigned(),
-              where << "tensor '" << name << "' has no recorded CRC32 checksum");
-    const uint32_t recorded = c->get<uint32_t>();
-    const uint32_t actual = tensor_crc32(t);
-    DDP_CHECK(recorded == actual,
-              where << "tensor '" << name << "' fails its CRC32 checksum (recorded " << recorded
-                    << ", its data gives " << actual << "): the file is corrupt");
-  }
+  for (const auto& [name, t] : tensors) check_tensor_crc32(crcs, name, t, where);
 }
 
 }  // namespace

@@ -162,6 +162,18 @@ uint32_t tensor_crc32(const Tensor& t) {
   return bytes_crc32(h.nbytes() > 0 ? h.raw_data() : nullptr, h.nbytes());
 }
 
+void check_tensor_crc32(const json& crcs, const std::string& name, const Tensor& t,
+                        const std::string& where) {
+  auto c = crcs.find(name);
+  DDP_CHECK(c != crcs.end() && c->is_number_unsigned(),
+            where << "tensor '" << name << "' has no recorded CRC32 checksum");
+  const auto recorded = c->get<uint32_t>();
+  const uint32_t actual = tensor_crc32(t);
+  DDP_CHECK(recorded == actual, where << "tensor '" << name
+                                      << "' fails its CRC32 checksum (recorded " << recorded
+                                      << ", its data gives " << actual << "): the file is corrupt");
+}
+
 void fsync_parent_dir(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "."

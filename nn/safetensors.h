@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,5 +40,10 @@ void fsync_parent_dir(const std::string& path);
 // leaves every offset of the file valid, and only a checksum tells.
 uint32_t bytes_crc32(const void* data, size_t n);
 uint32_t tensor_crc32(const Tensor& t);
+// Checks tensor `name`, as read from a file, against `crcs`, the JSON object {name: CRC32} the
+// file recorded; a missing record or another checksum fails, naming `where` (the file) and the
+// tensor.
+void check_tensor_crc32(const nlohmann::json& crcs, const std::string& name, const Tensor& t,
+                        const std::string& where);
 
 }  // namespace ddplab::nn
