@@ -3,13 +3,13 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <sstream>
 #include <typeinfo>
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "nn/init.h"
+#include "tensor/env_switch.h"
 #include "tensor/ops.h"
 
 namespace ddplab::nn {
@@ -162,10 +162,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
 
 namespace {
 std::atomic<bool>& fused_setting() {
-  static std::atomic<bool> on([] {
-    const char* v = std::getenv("DDPLAB_FUSED");
-    return v == nullptr || v[0] != '0';
-  }());
+  static std::atomic<bool> on(env_switch_on("DDPLAB_FUSED"));
   return on;
 }
 }  // namespace

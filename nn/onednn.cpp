@@ -34,6 +34,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/allocator.h"
+#include "tensor/env_switch.h"
 #include "tensor/error.h"
 #include "tensor/threads.h"
 
@@ -481,10 +482,7 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
 namespace {
 
 std::atomic<bool>& blocked_setting() {
-  static std::atomic<bool> on([] {
-    const char* v = std::getenv("DDPLAB_BLOCKED");
-    return v == nullptr || v[0] != '0';
-  }());
+  static std::atomic<bool> on(env_switch_on("DDPLAB_BLOCKED"));
   return on;
 }
 

@@ -47,6 +47,7 @@
 #include <optional>
 #include <string>
 
+#include "tensor/env_switch.h"
 #include "tensor/error.h"
 #include "tensor/threads.h"
 
@@ -105,10 +106,7 @@ std::map<int64_t, double> thread_run_delays() {
 }
 
 void adapt_threads() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DDPLAB_ADAPTIVE_THREADS");
-    return v == nullptr || v[0] != '0';
-  }();
+  static const bool enabled = env_switch_on("DDPLAB_ADAPTIVE_THREADS");
   if (!enabled) return;
   using Clock = std::chrono::steady_clock;
   static std::mutex mutex;
