@@ -32,10 +32,10 @@
 #include <vector>
 
 #include "autograd/functions.h"
-#include "distributed/comm_hooks/builtin.h"
-#include "distributed/ddp.h"
-#include "distributed/init_process_group.h"
-#include "distributed/naive_allreduce_grads.h"
+#include "comm/init_process_group.h"
+#include "ddp/comm_hooks/builtin.h"
+#include "ddp/ddp.h"
+#include "ddp/naive_allreduce_grads.h"
 #include "models/models.h"
 #include "nn/functional.h"
 #include "nn/sync_batchnorm.h"

@@ -5,7 +5,7 @@
 // (seed, epoch). Its one piece of state is the current epoch, set as in PyTorch with
 // set_epoch(): the DataLoader reads it when an epoch begins, so `sampler->set_epoch(e)` and
 // `loader.set_epoch(e)` (which forwards to its sampler) both choose the epoch. The
-// DistributedSampler (distributed/sampler.h) implements this interface to give each rank its
+// DistributedSampler (data/distributed_sampler.h) implements this interface to give each rank its
 // share.
 #pragma once
 

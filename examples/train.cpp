@@ -35,17 +35,17 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "comm/init_process_group.h"
+#include "comm/join.h"
 #include "data/cifar.h"
 #include "data/dataloader.h"
+#include "data/distributed_sampler.h"
 #include "data/image_folder.h"
 #include "data/mnist.h"
-#include "distributed/comm_hooks/builtin.h"
-#include "distributed/ddp.h"
-#include "distributed/evaluate.h"
-#include "distributed/init_process_group.h"
-#include "distributed/join.h"
-#include "distributed/sampler.h"
-#include "distributed/zero_redundancy_optimizer.h"
+#include "ddp/comm_hooks/builtin.h"
+#include "ddp/ddp.h"
+#include "ddp/evaluate.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "examples/cli_config.h"
 #include "examples/train_checkpoint.h"
 #include "models/models.h"
@@ -106,7 +106,7 @@ struct Config {
   std::string logdir, trace_dir;     // TensorBoard event files; Chrome traces per rank
   double comm_wait_warn = 0.10;      // warn when waiting on communication exceeds this share
   double allreduce_warn_ms = 100;    // warn when the mean all-reduce takes longer
-  std::string comm_hook = "none";    // DDP: how buckets are averaged (distributed/comm_hooks/)
+  std::string comm_hook = "none";    // DDP: how buckets are averaged (ddp/comm_hooks/)
   int64_t powersgd_rank = 1;         // DDP: PowerSGD's matrix_approximation_rank
   int64_t powersgd_start_iter = 10;  // DDP: plain all-reduce for the first N steps (PyTorch: 1000)
   std::string even_shards = "on";    // DDP: off: no padding, uneven shards under a Join
@@ -411,7 +411,7 @@ class Progress {
 
 // --- monitoring and evaluation ---------------------------------------------------------------
 
-// Test accuracy of the inner model, every rank evaluating its share (distributed/evaluate.h).
+// Test accuracy of the inner model, every rank evaluating its share (ddp/evaluate.h).
 double evaluate(nn::Module& net, const Data& d, const Config& c, Device device,
                 const std::shared_ptr<distributed::ProcessGroup>& pg) {
   // DDP: each rank's last forward updated its BatchNorm running statistics from its own batch;
@@ -736,7 +736,7 @@ int main(int argc, char** argv) {
       AdaptedThreads adapted;                 // for the epoch summary
       mon.begin_epoch();
       // DDP, --even-shards off: a rank out of batches shadows the others' all-reduces until all
-      // are done (distributed/join.h); it then takes the longest rank's model.
+      // are done (comm/join.h); it then takes the longest rank's model.
       std::optional<distributed::Join> join;  // DDP:
       // The scaler comes after the model: a joined rank also answers its found-inf all-reduce.
       if (ddp && !even_shards)

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/collectives.h"
-#include "distributed/init_process_group.h"
+#include "comm/collectives.h"
+#include "comm/init_process_group.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "distributed/reducer_timeline.h"
+#include "ddp/reducer_timeline.h"
 
 namespace ddplab::monitor {
 

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/reducer_timeline.h"
+#include "ddp/reducer_timeline.h"
 #include "monitor/chrome_trace.h"
 #include "monitor/summary_writer.h"
 

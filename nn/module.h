@@ -57,7 +57,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // Whether this module's own forward or backward runs collectives across ranks in training
   // (SyncBatchNorm: its statistics). A rank that has run out of data under DDP's Join must then
   // replay whole iterations to match them, not only the gradient all-reduces (Note [Join] in
-  // distributed/join.cpp). Asked of each module, its children answer for themselves.
+  // comm/join.cpp). Asked of each module, its children answer for themselves.
   virtual bool runs_collectives() const { return false; }
   // A PyTorch-style multi-line description of the module tree.
   std::string repr() const;

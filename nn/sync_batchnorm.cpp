@@ -53,7 +53,7 @@
 
 #include "autograd/function_node.h"
 #include "autograd/functions.h"
-#include "distributed/join.h"
+#include "comm/join.h"
 #include "nn/batchnorm_kernels.h"
 #include "tensor/ops.h"
 
@@ -125,7 +125,7 @@ Tensor sync_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor
   const int64_t c = x.size(1);
 
   // Forward: one all-gather of [count, mean, M2] rows, then the same combination on every rank.
-  // A joined rank replaying an iteration (distributed/join.h) takes part with a count of 0.
+  // A joined rank replaying an iteration (comm/join.h) takes part with a count of 0.
   const bool shadow = distributed::is_join_shadowing();
   Tensor mine = local_moments(x);
   if (shadow) ops::zero_(mine);

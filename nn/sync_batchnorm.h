@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
 #include "nn/layers.h"
 
 namespace ddplab::nn {

@@ -31,7 +31,7 @@
 //
 // Note [GradScaler under Join]
 // ----------------------------
-// With uneven inputs (distributed/join.h) a rank that has run out of batches sits in Join::join()
+// With uneven inputs (comm/join.h) a rank that has run out of batches sits in Join::join()
 // while the others keep stepping, and each of their steps ends with the all-reduce above. The
 // joined rank must issue it too, or the others wait forever (or, worse, their all-reduce meets
 // the joined rank's next per-iteration count). So the scaler is a Joinable: for every iteration of
@@ -52,7 +52,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 

@@ -27,7 +27,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "distributed/join.h"
+#include "comm/join.h"
 #include "optim/optimizer.h"
 #include "tensor/tensor.h"
 
@@ -70,7 +70,7 @@ class GradScaler : public distributed::Joinable {
   nlohmann::json state_dict() const;
   void load_state_dict(const nlohmann::json& state);
 
-  // Joinable (distributed/join.h): a rank out of inputs answers "no overflow" to the others'
+  // Joinable (comm/join.h): a rank out of inputs answers "no overflow" to the others'
   // found-inf all-reduce of every step, and updates its scale with their verdict.
   std::unique_ptr<distributed::JoinHook> join_hook() override;
   Device join_device() const override;

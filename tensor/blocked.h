@@ -11,9 +11,6 @@
 
 namespace ddplab {
 
-// Rearranges the bytes at `data`, laid out as `dims` says, into NHWC, in place.
-void blocked_to_nhwc_in_place(const BlockedDims& dims, void* data);
-
 namespace ops {
 
 // B when t is a whole tensor whose bytes are blocked nChw<B>c (4-D, channels-last strides, the

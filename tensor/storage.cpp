@@ -2,7 +2,6 @@
 // activations] in tensor/blocked.cpp).
 #include "tensor/storage.h"
 
-#include "tensor/blocked.h"
 #include "tensor/error.h"
 
 namespace ddplab {

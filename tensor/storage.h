@@ -21,6 +21,11 @@ struct BlockedDims {
   size_t element_size = 0;  // bytes per value
 };
 
+// Rearranges the bytes at `data`, laid out as `dims` says, into NHWC, in place. Declared here,
+// with the layout it undoes, so that Storage (below tensors and their ops) can call it; defined
+// in tensor/blocked.cpp beside the other direction.
+void blocked_to_nhwc_in_place(const BlockedDims& dims, void* data);
+
 class Storage {
  public:
   Storage() = default;

@@ -2,7 +2,7 @@
 """Merge the flight-recorder dumps of all ranks into one table: sequence number x rank.
 
 Each rank's process group keeps its last collectives and writes them, when a collective fails,
-to flight_<group>_rank<R>.jsonl (see distributed/flight_recorder.h). One rank's dump says where
+to flight_<group>_rank<R>.jsonl (see comm/flight_recorder.h). One rank's dump says where
 that rank was; only the ranks side by side say who was behind. This tool lines them up and marks
 the first sequence number where the ranks disagree, which is where the job went wrong.
 

@@ -26,7 +26,7 @@
 // its peers' collectives time out and *they* exit, so the first failure names a rank that only
 // waited. Two signs point at the real culprit when a worker fails:
 //   - every worker gets DDPLAB_ERROR_FILE; a rank whose collective failed writes there which
-//     ranks never joined it (distributed/flight_recorder.h, write_hang_report);
+//     ranks never joined it (comm/flight_recorder.h, write_hang_report);
 //   - a local worker still alive in state 'T' (stopped) in /proc/<pid>/stat.
 // The agent names those ranks first in the summary, SIGKILLs them at once (no grace: they will
 // not answer SIGTERM), and restarts the group as for any failure.
@@ -49,7 +49,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "distributed/store/store.h"
+#include "comm/store/store.h"
 #include "tensor/error.h"
 #include "tools/worker_group.h"
 

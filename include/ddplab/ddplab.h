@@ -3,7 +3,7 @@
 //   #include <ddplab/ddplab.h>
 //
 // and it has every public header below, whatever file a declaration moves to later. The headers
-// keep the paths the library's own sources use (`#include "distributed/ddp.h"`), which a program
+// keep the paths the library's own sources use (`#include "ddp/ddp.h"`), which a program
 // may also include one by one. Installed as <prefix>/include/ddplab/ddplab.h; pkg-config's
 // --cflags gives both <prefix>/include (for this file) and <prefix>/include/ddplab (for the rest).
 #pragma once
@@ -40,25 +40,27 @@
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
 
-// Data: datasets in their files, transforms, samplers, the loader.
+// Data: datasets in their files, transforms, samplers (each rank's share too), the loader.
 #include "data/cifar.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"
+#include "data/distributed_sampler.h"
 #include "data/image_folder.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
 #include "data/transforms.h"
 
-// Distributed training: process groups, DDP, its sampler, Join, ZeRO, sharded evaluation.
-#include "distributed/collectives.h"
-#include "distributed/comm_hook.h"
-#include "distributed/ddp.h"
-#include "distributed/evaluate.h"
-#include "distributed/init_process_group.h"
-#include "distributed/join.h"
-#include "distributed/process_group.h"
-#include "distributed/sampler.h"
-#include "distributed/zero_redundancy_optimizer.h"
+// Communication: process groups, init_process_group, Join, small values over a group.
+#include "comm/collectives.h"
+#include "comm/init_process_group.h"
+#include "comm/join.h"
+#include "comm/process_group.h"
+
+// Data parallelism: DDP and its communication hooks, ZeRO, sharded evaluation.
+#include "ddp/comm_hook.h"
+#include "ddp/ddp.h"
+#include "ddp/evaluate.h"
+#include "ddp/zero_redundancy_optimizer.h"
 
 // The models of the examples and the labs.
 #include "models/models.h"

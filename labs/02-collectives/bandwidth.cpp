@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "collectives_lab.h"
-#include "distributed/init_process_group.h"
+#include "comm/init_process_group.h"
 #include "tensor/ops.h"
 
 using namespace ddplab;

@@ -1,5 +1,5 @@
 // Lab 2's point-to-point layer over Gloo's unbound buffers (the four calls that
-// distributed/ring_allreduce.cpp explains).
+// comm/ring_allreduce.cpp explains).
 #include "comm.h"
 
 #include <gloo/context.h>

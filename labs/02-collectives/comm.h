@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "distributed/process_group_gloo.h"
+#include "comm/process_group_gloo.h"
 
 namespace gloo {
 class Context;

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/init_process_group.h"
 #include "data_parallel_lab.h"
-#include "distributed/ddp.h"
-#include "distributed/init_process_group.h"
+#include "ddp/ddp.h"
 #include "monitor/chrome_trace.h"
 #include "nn/functional.h"
 #include "nn/layers.h"

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
 #include "tensor/tensor.h"
 
 namespace lab3 {
@@ -21,7 +21,7 @@ using ddplab::distributed::ProcessGroup;
 
 // Part 1. The simplest correct data parallelism: for each trainable parameter, in registration
 // order, one all-reduce of its gradient, divided by the number of ranks so that the result is
-// the average (Note [Averaging] in distributed/reducer.cpp says why the average, and why dividing
+// the average (Note [Averaging] in ddp/reducer.cpp says why the average, and why dividing
 // before the sum). One collective per trainable parameter, nothing else.
 void allreduce_gradients_naive(const std::vector<Tensor>& params, ProcessGroup& pg);
 

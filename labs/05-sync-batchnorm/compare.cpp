@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "comm/init_process_group.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
-#include "distributed/ddp.h"
-#include "distributed/init_process_group.h"
+#include "ddp/ddp.h"
 #include "models/simple.h"
 #include "nn/functional.h"
 #include "nn/sync_batchnorm.h"

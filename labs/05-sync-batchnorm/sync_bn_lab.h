@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
 #include "nn/layers.h"
 
 namespace lab5 {

@@ -18,9 +18,9 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
-#include "distributed/comm_hooks/default_hooks.h"
-#include "distributed/ddp.h"
-#include "distributed/init_process_group.h"
+#include "comm/init_process_group.h"
+#include "ddp/comm_hooks/default_hooks.h"
+#include "ddp/ddp.h"
 #include "loss_scaler.h"
 #include "loss_scaling_lab.h"
 #include "nn/layers.h"

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "tensor/tensor.h"

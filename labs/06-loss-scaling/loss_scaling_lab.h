@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
 #include "tensor/tensor.h"
 
 namespace lab6 {

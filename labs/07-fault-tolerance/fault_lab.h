@@ -11,8 +11,8 @@
 #include <optional>
 #include <string>
 
+#include "comm/process_group.h"
 #include "data/dataloader.h"
-#include "distributed/process_group.h"
 #include "nn/checkpoint.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"

@@ -11,8 +11,8 @@
 
 #include <unistd.h>
 
-#include "distributed/collectives.h"
-#include "distributed/sampler.h"
+#include "comm/collectives.h"
+#include "data/distributed_sampler.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"

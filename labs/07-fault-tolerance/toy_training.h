@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "distributed/ddp.h"
+#include "ddp/ddp.h"
 #include "fault_lab.h"
 #include "optim/sgd.h"
 

@@ -23,7 +23,7 @@
 #include <map>
 #include <string>
 
-#include "distributed/init_process_group.h"
+#include "comm/init_process_group.h"
 #include "fileio.h"
 #include "nn/safetensors.h"
 #include "tensor/error.h"

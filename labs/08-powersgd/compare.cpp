@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "comm/init_process_group.h"
 #include "data/mnist.h"
 #include "data/transforms.h"
-#include "distributed/comm_hooks/default_hooks.h"
-#include "distributed/ddp.h"
-#include "distributed/init_process_group.h"
+#include "ddp/comm_hooks/default_hooks.h"
+#include "ddp/ddp.h"
 #include "models/simple.h"
 #include "nn/functional.h"
 #include "optim/sgd.h"

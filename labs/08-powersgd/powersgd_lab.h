@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/comm_hook.h"
+#include "ddp/comm_hook.h"
 #include "tensor/random.h"
 #include "tensor/tensor.h"
 

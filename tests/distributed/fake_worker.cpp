@@ -21,8 +21,8 @@
 #include <string>
 #include <thread>
 
-#include "distributed/init_process_group.h"
-#include "distributed/store/store.h"
+#include "comm/init_process_group.h"
+#include "comm/store/store.h"
 #include "tensor/ops.h"
 
 namespace {

@@ -25,9 +25,9 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/process_group_gloo.h"
-#include "distributed/store/store.h"
-#include "distributed/store/store_socket.h"
+#include "comm/process_group_gloo.h"
+#include "comm/store/store.h"
+#include "comm/store/store_socket.h"
 
 namespace ddplab::testing {
 

@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "distributed/init_process_group.h"
+#include "comm/init_process_group.h"
 #include "tensor/ops.h"
 
 int main(int argc, char** argv) {

@@ -1,11 +1,11 @@
-// Unit tests of compute_bucket_layout (distributed/bucket_layout.h): the Reducer's bucket
+// Unit tests of compute_bucket_layout (ddp/bucket_layout.h): the Reducer's bucket
 // assignment, checked without tensors or processes.
 #include <doctest/doctest.h>
 
 #include <numeric>
 #include <vector>
 
-#include "distributed/bucket_layout.h"
+#include "ddp/bucket_layout.h"
 
 using ddplab::DType;
 using ddplab::kFloat32;

@@ -24,12 +24,12 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/collectives.h"
-#include "distributed/init_process_group.h"
-#include "distributed/process_group.h"
-#include "distributed/process_group_gloo.h"
-#include "distributed/ring_allreduce.h"
-#include "distributed/store/store.h"
+#include "comm/collectives.h"
+#include "comm/init_process_group.h"
+#include "comm/process_group.h"
+#include "comm/process_group_gloo.h"
+#include "comm/ring_allreduce.h"
+#include "comm/store/store.h"
 #include "fork_ranks.h"
 #include "tensor/backend.h"
 #include "tensor/error.h"
@@ -37,8 +37,8 @@
 #include "tests/skip.h"
 
 #if defined(DDP_CUDA)
-#include "distributed/model_check.h"
-#include "distributed/process_group_nccl.h"
+#include "comm/process_group_nccl.h"
+#include "ddp/model_check.h"
 #include "nn/layers.h"
 #endif
 
@@ -548,7 +548,7 @@ namespace {
 }
 }  // namespace
 
-TEST_CASE("small host values (distributed/collectives.h) over gloo, 3 ranks") {
+TEST_CASE("small host values (comm/collectives.h) over gloo, 3 ranks") {
   run_ranks(3, [](int rank, int w, const std::shared_ptr<TCPStore>& store) {
     auto pg = make_group(rank, w, store);
     EXPECT(distributed::all_reduce_value(*pg, rank + 1) == 6, "sum");

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store/store.h"
+#include "comm/store/store.h"
 
 extern char** environ;
 

@@ -1,14 +1,14 @@
 // evaluate_sharded on 2 and 3 forked Gloo ranks: with a test set that no world size divides, the
 // sharded accuracy equals the single-process accuracy on the same weights exactly (Note [Exact
-// sharded evaluation] in distributed/evaluate.cpp), and the shards cover the set once.
+// sharded evaluation] in ddp/evaluate.cpp), and the shards cover the set once.
 #include <doctest/doctest.h>
 
 #include <memory>
 #include <vector>
 
 #include "data/dataset.h"
-#include "distributed/evaluate.h"
-#include "distributed/sampler.h"
+#include "data/distributed_sampler.h"
+#include "ddp/evaluate.h"
 #include "fork_ranks.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"

@@ -11,8 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/ddp.h"
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
+#include "ddp/ddp.h"
 #include "fork_ranks.h"
 #include "nn/functional.h"
 #include "nn/layers.h"

@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/flight_recorder.h"
-#include "distributed/init_process_group.h"
-#include "distributed/process_group_gloo.h"
+#include "comm/flight_recorder.h"
+#include "comm/init_process_group.h"
+#include "comm/process_group_gloo.h"
 #include "fork_ranks.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"

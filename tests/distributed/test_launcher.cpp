@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store/store_socket.h"
+#include "comm/store/store_socket.h"
 #include "fork_ranks.h"
 
 namespace fs = std::filesystem;

@@ -5,8 +5,8 @@
 #include <set>
 #include <vector>
 
+#include "data/distributed_sampler.h"
 #include "data/sampler.h"
-#include "distributed/sampler.h"
 #include "tensor/error.h"
 
 using ddplab::distributed::DistributedSampler;

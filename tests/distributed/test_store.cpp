@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store/store.h"
+#include "comm/store/store.h"
 #include "tensor/error.h"
 
 using namespace ddplab::distributed;

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store/store.h"
-#include "distributed/store/store_protocol.h"
-#include "distributed/store/store_server.h"
-#include "distributed/store/store_socket.h"
+#include "comm/store/store.h"
+#include "comm/store/store_protocol.h"
+#include "comm/store/store_server.h"
+#include "comm/store/store_socket.h"
 #include "fork_ranks.h"
 #include "tensor/error.h"
 

@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/store/store.h"
-#include "distributed/store/store_protocol.h"
-#include "distributed/store/store_socket.h"
+#include "comm/store/store.h"
+#include "comm/store/store_protocol.h"
+#include "comm/store/store_socket.h"
 #include "tensor/error.h"
 
 using namespace ddplab::distributed;

@@ -18,8 +18,8 @@
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
-#include "distributed/ddp.h"
-#include "distributed/process_group.h"
+#include "comm/process_group.h"
+#include "ddp/ddp.h"
 #include "fork_ranks.h"
 #include "models/models.h"
 #include "nn/layers.h"

@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/init_process_group.h"
-#include "distributed/store/store.h"
-#include "distributed/store/store_socket.h"
-#include "distributed/store/torch_tcp_store.h"
+#include "comm/init_process_group.h"
+#include "comm/store/store.h"
+#include "comm/store/store_socket.h"
+#include "comm/store/torch_tcp_store.h"
 #include "fork_ranks.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"

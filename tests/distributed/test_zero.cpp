@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "distributed/ddp.h"
-#include "distributed/zero_redundancy_optimizer.h"
+#include "ddp/ddp.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "fork_ranks.h"
 #include "models/models.h"
 #include "nn/checkpoint.h"

@@ -26,8 +26,8 @@ export PKG_CONFIG_PATH=$(dirname "$pc")
 define=()
 grep -q pcfiledir "$pc" || define=(--define-variable=prefix="$work/dest$(sed -n 's/^prefix=//p' "$pc")")
 includedir=$(pkg-config "${define[@]}" --variable=includedir ddplab)
-[ -f "$includedir/ddplab/distributed/ddp.h" ] \
-  || fail "distributed/ddp.h is not installed under pkg-config's includedir"
+[ -f "$includedir/ddplab/ddp/ddp.h" ] \
+  || fail "ddp/ddp.h is not installed under pkg-config's includedir"
 [ -f "$includedir/ddplab/ddplab.h" ] || fail "the umbrella header ddplab/ddplab.h is not installed"
 # The program includes nothing of ddplab but the umbrella header.
 grep -q '^#include <ddplab/ddplab.h>' "$src/examples/minimal_ddp.cpp" \
@@ -46,6 +46,21 @@ extra=()
 [ -n "$sanitize" ] && [ "$sanitize" != none ] && extra=(-fsanitize="$sanitize")
 c++ -std=c++17 -O1 "${extra[@]}" my_lab.cpp $(pkg-config "${define[@]}" --cflags --libs ddplab) \
   -Wl,-rpath,"$libdir" -o my_lab || fail "my_lab.cpp does not compile against the installed ddplab"
+
+# A program written against the layout before distributed/ was split into comm/ and ddp/ (the
+# first README included distributed/ddp.h alone) still compiles through the forwarding headers.
+cat > old_layout.cpp <<'CPP'
+#include "distributed/ddp.h"
+#include "distributed/sampler.h"
+using namespace ddplab;
+int main() {
+  auto pg = distributed::init_process_group();
+  distributed::DistributedSampler sampler(10, pg->size(), pg->rank());
+  return sampler.size() > 0 ? 0 : 1;
+}
+CPP
+c++ -std=c++17 -fsyntax-only old_layout.cpp $(pkg-config "${define[@]}" --cflags ddplab) \
+  || fail "a program that includes distributed/ddp.h (the earlier layout) no longer compiles"
 
 for f in my_lab "$libdir/libddplab.so"; do
   if readelf -d "$f" | grep NEEDED | grep -Eq 'lib(cuda|cudart|cublas|cudnn|nccl)'; then

@@ -1,5 +1,5 @@
 // Lab 2, the reference solution (course staff). The library's own ring, with Gloo's buffers
-// used directly, is distributed/ring_allreduce.cpp.
+// used directly, is comm/ring_allreduce.cpp.
 #include "collectives_lab.h"
 
 #include <vector>

@@ -1,6 +1,6 @@
 // Lab 3's grader. Each TEST_CASE is one point of the part its name starts with (scripts/lab).
 // The oracles: one process computing the gradient of the WHOLE global batch (what W ranks must
-// agree on), the library's bucket rule (distributed/bucket_layout.h) and the buckets of its
+// agree on), the library's bucket rule (ddp/bucket_layout.h) and the buckets of its
 // Reducer, the gradients of DistributedDataParallel, and the group's flight recorder, which lists
 // every collective a rank issued (to count them and read their sizes). Multi-rank cases fork one
 // process per rank with a Gloo group (tests/distributed/fork_ranks.h); everything that touches a
@@ -15,8 +15,8 @@
 
 #include "autograd/functions.h"
 #include "data_parallel_lab.h"
-#include "distributed/bucket_layout.h"
-#include "distributed/ddp.h"
+#include "ddp/bucket_layout.h"
+#include "ddp/ddp.h"
 #include "fork_ranks.h"
 #include "models/models.h"
 #include "nn/functional.h"

@@ -1,6 +1,6 @@
 // Lab 3, the reference solution (course staff). The library's versions: the per-parameter loop is
-// distributed/naive_allreduce_grads.cpp, the bucket rule distributed/bucket_layout.cpp, and the
-// bucketed averaging, overlapped with backward, distributed/reducer.cpp.
+// ddp/naive_allreduce_grads.cpp, the bucket rule ddp/bucket_layout.cpp, and the
+// bucketed averaging, overlapped with backward, ddp/reducer.cpp.
 #include "data_parallel_lab.h"
 
 #include <memory>

@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "distributed/sampler.h"
+#include "data/distributed_sampler.h"
 #include "fork_ranks.h"
 #include "sampler_lab.h"
 #include "tensor/ops.h"

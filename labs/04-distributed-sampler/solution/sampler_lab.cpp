@@ -1,7 +1,7 @@
-// Lab 4, the reference: the library's DistributedSampler (distributed/sampler.cpp, which is the
+// Lab 4, the reference: the library's DistributedSampler (data/distributed_sampler.cpp, which is the
 // code to read after the lab).
 #include "sampler_lab.h"
-#include "distributed/sampler.h"
+#include "data/distributed_sampler.h"
 
 namespace lab4 {
 

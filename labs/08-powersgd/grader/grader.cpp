@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "autograd/functions.h"
-#include "distributed/comm_hooks/powerSGD_hook.h"
-#include "distributed/ddp.h"
+#include "ddp/comm_hooks/powerSGD_hook.h"
+#include "ddp/ddp.h"
 #include "fork_ranks.h"
 #include "nn/functional.h"
 #include "nn/layers.h"

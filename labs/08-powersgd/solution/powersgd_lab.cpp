@@ -1,6 +1,6 @@
 // Lab 8, the reference solution (course staff). The library's version, which batches all the P's
 // of a bucket into one all-reduce and overlaps it with backward, is
-// distributed/comm_hooks/powerSGD_hook.cpp (powerSGD_hook_naive is the closest to this file).
+// ddp/comm_hooks/powerSGD_hook.cpp (powerSGD_hook_naive is the closest to this file).
 #include <cmath>
 
 #include "powersgd_lab.h"
