@@ -17,8 +17,6 @@
 // in train_checkpoint.{h,cpp}: the loop calls it after each step and each epoch
 // (docs/checkpoints.md). Monitoring (--logdir, --trace-dir, the epoch summary) reports to a
 // monitor::StepMonitor (docs/monitoring.md). See docs/training.md.
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -49,6 +47,7 @@
 #include "examples/cli_config.h"
 #include "examples/train_checkpoint.h"
 #include "models/models.h"
+#include "monitor/console.h"
 #include "monitor/metrics_log.h"
 #include "monitor/step_monitor.h"
 #include "nn/autocast.h"
@@ -366,49 +365,6 @@ Distributed setup_distributed(Device& device, double collective_timeout_s) {
   return d;
 }
 
-// --- progress -----------------------------------------------------------------------------------
-
-// On a terminal: one line rewritten in place. Otherwise (logs, CI): a line every ~10 s.
-class Progress {
- public:
-  Progress() : tty_(isatty(fileno(stdout)) != 0) {}
-  void update(int epoch, int64_t step, int64_t steps, double loss, double acc, double ips,
-              double eta_s, bool force = false) {
-    auto now = Clock::now();
-    double since = std::chrono::duration<double>(now - last_).count();
-    if (!force && since < (tty_ ? 0.2 : 10.0)) return;
-    last_ = now;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "epoch %d [%5lld/%lld] loss %.4f acc %5.2f%% %7.1f img/s ETA %s",
-                  epoch, static_cast<long long>(step), static_cast<long long>(steps), loss,
-                  100 * acc, ips, format_time(eta_s).c_str());
-    if (tty_) {
-      std::printf("\r%s\033[K", buf);
-    } else {
-      std::printf("%s\n", buf);
-    }
-    std::fflush(stdout);
-  }
-  void end_line() {
-    if (tty_) std::printf("\n");
-  }
-  static std::string format_time(double s) {
-    if (!std::isfinite(s) || s < 0) return "--:--";
-    long t = std::lround(s);
-    char buf[32];
-    if (t >= 3600) {
-      std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-    } else {
-      std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
-    }
-    return buf;
-  }
-
- private:
-  bool tty_;
-  Clock::time_point last_{};
-};
-
 // --- monitoring and evaluation ---------------------------------------------------------------
 
 // Test accuracy of the inner model, every rank evaluating its share (ddp/evaluate.h).
@@ -440,30 +396,6 @@ void add_monitoring_flags(CLI::App& app, Config& c) {
   app.add_option("--allreduce-warn-ms", c.allreduce_warn_ms,
                  "DDP: warn when the mean all-reduce takes longer (ms; 0: never)")
       ->capture_default_str();
-}
-
-// The epoch summary of rank 0: where step time went, and the labs' warnings.
-void print_epoch_summary(const monitor::EpochTimes& t, bool ddp, bool monitoring, const Config& c) {
-  if (t.steps == 0) return;
-  std::printf("  %.1f ms/step", 1e3 * t.step_seconds / static_cast<double>(t.steps));
-  if (ddp) {
-    std::printf("; waiting on communication %.1f%% of step time; mean all-reduce %.2f ms",
-                100 * t.comm_wait_share(), t.mean_allreduce_ms());
-  }
-  if (monitoring) std::printf("; monitoring %.2f%%", 100 * t.monitor_share());
-  std::printf("\n");
-  if (ddp && c.comm_wait_warn > 0 && t.comm_wait_share() > c.comm_wait_warn) {
-    std::printf(
-        "warning: %.1f%% of step time waits on communication (> %.0f%%): backward no longer "
-        "hides the all-reduces; try a larger --batch-size or --accumulation-steps\n",
-        100 * t.comm_wait_share(), 100 * c.comm_wait_warn);
-  }
-  if (ddp && c.allreduce_warn_ms > 0 && t.mean_allreduce_ms() > c.allreduce_warn_ms) {
-    std::printf(
-        "warning: a bucket all-reduce takes %.1f ms on average (> %g ms): check the "
-        "network or the backend\n",
-        t.mean_allreduce_ms(), c.allreduce_warn_ms);
-  }
 }
 
 // How many of an epoch's steps ran fewer threads than asked (Note [Threads under load] in
@@ -722,7 +654,7 @@ int main(int argc, char** argv) {
     // Monitoring: phase times, TensorBoard (rank 0), a trace per rank (docs/monitoring.md).
     monitor::StepMonitor mon({c.logdir, c.trace_dir, pg ? pg->rank() : 0});
     if (mon.writer()) mon.writer()->add_text("backend", pg ? pg->backend_name() : "none", 0);
-    Progress bar;
+    monitor::Progress bar;
     const int64_t first_step = loop.step;  // > 0 when resumed: the ETA counts this run's steps
     const auto run_start = Clock::now();
     for (int epoch = static_cast<int>(loop.epoch); epoch < c.epochs && loop.step < total_steps;
@@ -853,7 +785,8 @@ int main(int argc, char** argv) {
             "epoch %d: train loss %.4f, train acc %.2f%%, test acc %.2f%%, %.1f img/s, "
             "%.1f s, lr %.5f\n",
             epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
-        print_epoch_summary(times, ddp != nullptr, mon.writer() || mon.trace(), c);
+        monitor::print_epoch_summary(times, {ddp != nullptr, mon.writer() || mon.trace(),
+                                             c.comm_wait_warn, c.allreduce_warn_ms});
         adapted.print_summary(asked_threads);
         std::fflush(stdout);
         if (metrics) {
