@@ -62,6 +62,7 @@
 #include "tensor/adaptive_threads.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
+#include "tensor/thread_usage.h"
 #include "tensor/threads.h"
 
 using namespace ddplab;
@@ -398,30 +399,6 @@ void add_monitoring_flags(CLI::App& app, Config& c) {
       ->capture_default_str();
 }
 
-// How many of an epoch's steps ran fewer threads than asked (Note [Threads under load] in
-// tensor/adaptive_threads.cpp): said in the epoch summary, so that a slow epoch on a busy machine
-// explains itself.
-class AdaptedThreads {
- public:
-  void after_step(int asked) {
-    ++steps_;
-    const int now = get_num_threads();
-    if (now < asked) ++fewer_;
-    fewest_ = std::min(fewest_, now);
-  }
-  void print_summary(int asked) const {
-    if (fewer_ == 0) return;
-    std::printf(
-        "  fewer threads in %lld of %lld steps (down to %d of %d): other programs held the "
-        "cores; DDPLAB_ADAPTIVE_THREADS=0 keeps %d\n",
-        static_cast<long long>(fewer_), static_cast<long long>(steps_), fewest_, asked, asked);
-  }
-
- private:
-  int64_t steps_ = 0, fewer_ = 0;
-  int fewest_ = 1 << 30;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -664,8 +641,8 @@ int main(int argc, char** argv) {
       if (dist_sampler) dist_sampler->set_epoch(epoch);  // DDP: same new shuffle on every rank
       model.train();
       const auto epoch_start = Clock::now();
-      const int64_t seen_before = loop.seen;  // examples of this epoch a resumed run did not see
-      AdaptedThreads adapted;                 // for the epoch summary
+      const int64_t seen_before = loop.seen;    // examples of this epoch a resumed run did not see
+      ThreadUsage thread_usage(asked_threads);  // for the epoch summary
       mon.begin_epoch();
       // DDP, --even-shards off: a rank out of batches shadows the others' all-reduces until all
       // are done (comm/join.h); it then takes the longest rank's model.
@@ -727,7 +704,7 @@ int main(int argc, char** argv) {
         // Fewer threads while other programs hold the cores (Note [Threads under load] in
         // tensor/adaptive_threads.cpp); a deterministic run keeps its count.
         if (!c.deterministic) adapt_threads();
-        adapted.after_step(asked_threads);
+        thread_usage.after_step();
         // A skipped step's norm is inf by definition: the scaler has dealt with it.
         if (main_rank && stepped && c.grad_norm_warn > 0 && !(loop.grad_norm <= c.grad_norm_warn)) {
           bar.end_line();  // on a terminal, below the progress line
@@ -787,7 +764,7 @@ int main(int argc, char** argv) {
             epoch, train_loss, 100 * train_acc, 100 * test_acc, ips, seconds, opt.lr());
         monitor::print_epoch_summary(times, {ddp != nullptr, mon.writer() || mon.trace(),
                                              c.comm_wait_warn, c.allreduce_warn_ms});
-        adapted.print_summary(asked_threads);
+        if (thread_usage.fewer_steps() > 0) std::printf("  %s\n", thread_usage.summary().c_str());
         std::fflush(stdout);
         if (metrics) {
           nlohmann::ordered_json j = {{"epoch", epoch},           {"step", loop.step},
