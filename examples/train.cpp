@@ -280,26 +280,6 @@ Data load_data(const Config& c) {
   return d;
 }
 
-// The first n examples of a dataset in an order reshuffled every epoch (--subset with shuffle).
-class SubsetRandomSampler : public data::Sampler {
- public:
-  SubsetRandomSampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
-  std::vector<int64_t> indices(int64_t epoch) const override {
-    return data::random_permutation(n_, seed_, epoch);
-  }
-  int64_t size() const override { return n_; }
-
- private:
-  int64_t n_;
-  uint64_t seed_;
-};
-
-std::vector<int64_t> first_n(int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
-  return v;
-}
-
 // --- learning-rate schedule -------------------------------------------------------------------
 
 // Stepped once per iteration. Warm-up (linear from lr/warmup_steps to lr) then the schedule over
@@ -527,9 +507,9 @@ int main(int argc, char** argv) {
           n_train, world, pg->rank(), !c.no_shuffle, c.seed, false, even_shards);
       train_sampler = dist_sampler;
     } else if (c.no_shuffle) {
-      train_sampler = std::make_shared<data::ListSampler>(first_n(n_train));
+      train_sampler = std::make_shared<data::SequentialSampler>(n_train);  // the first n_train
     } else {
-      train_sampler = std::make_shared<SubsetRandomSampler>(n_train, c.seed);
+      train_sampler = std::make_shared<data::RandomSampler>(n_train, c.seed);
     }
     data::DataLoaderOptions train_opts;
     train_opts.batch_size = c.batch_size;
