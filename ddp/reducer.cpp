@@ -69,7 +69,8 @@
 // data; ddplab sends every bucket through a hook, so that the default is an ordinary hook a
 // reader can compare with the others, and pays that pass.)
 // With gradient_as_bucket_view the gradient may already BE its slot (from the previous
-// iteration); then it is scaled in place, once. A parameter without a gradient gets a zero slot.
+// iteration); then nothing is copied, and the hook scales it in place with the rest of the
+// bucket, once. A parameter without a gradient gets a zero slot.
 //
 // Note [DDP communication hook]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -140,7 +141,8 @@
 // k micro-batches, and one round of all-reduces averages that sum across ranks. With each
 // micro-batch loss divided by k, the result equals one step on a batch k times larger. (With
 // gradient_as_bucket_view, .grad is the bucket slot: the no_sync backward passes add into it in
-// place, and the synced one scales the sum in place before the all-reduce.)
+// place, and the synced one hands that sum to the hook, which divides it in place before the
+// all-reduce.)
 #include "ddp/reducer.h"
 
 #include <algorithm>

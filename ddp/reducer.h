@@ -101,7 +101,7 @@ class Reducer {
   void on_output_grad();                 // backward reached the module's output
   void on_gradient_ready(size_t index);  // post-accumulate-grad hook of parameter `index`
   void start_backward();                 // the first hook of an armed backward
-  void mark_ready(size_t index);         // copy into the bucket (scaled), count down, maybe launch
+  void mark_ready(size_t index);         // copy into its slot (undivided), count down, maybe launch
   void launch_ready_buckets();           // launch every ready bucket, in order
   void launch_bucket(size_t b);          // hand bucket b to the communication hook
   void poll_finished();                  // report completed all-reduces to the timeline

@@ -7,7 +7,8 @@
 // count) is indexed by the parameter's position in the flattened group list, as in PyTorch's
 // state_dict.
 //
-// Updates run outside autograd (NoGradGuard) with the in-place kernels of tensor/ops.h.
+// Updates run outside autograd (NoGradGuard) with the in-place kernels of tensor/ops.h (SGD's
+// step with momentum on contiguous CPU tensors is one fused loop giving the same bits).
 #pragma once
 
 #include <cstdint>
