@@ -353,11 +353,7 @@ double evaluate(nn::Module& net, const Data& d, const Config& c, Device device,
                 const std::shared_ptr<distributed::ProcessGroup>& pg) {
   // DDP: each rank's last forward updated its BatchNorm running statistics from its own batch;
   // evaluate rank 0's model on every rank, as rank 0 alone would.
-  if (pg) {
-    std::vector<Tensor> buffers;
-    for (const auto& [name, buffer] : net.named_buffers()) buffers.push_back(buffer);
-    if (!buffers.empty()) distributed::broadcast_coalesced(*pg, buffers, 0);
-  }
+  if (pg) distributed::broadcast_coalesced(*pg, net.buffers(), 0);  // DDP:
   distributed::EvalOptions o;
   o.batch_size = std::max<int64_t>(c.batch_size, 256);
   o.num_workers = c.num_workers;
