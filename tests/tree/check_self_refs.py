@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 
-# "session 12", "Session 3"; "issue 24", "issues 14 and 15", "issue #7", "#24" after "issue".
+# The word for a work session or for an issue, then a number (with or without "#"), any case.
 PATTERNS = [re.compile(r"\bsessions?\s+#?\d+", re.I), re.compile(r"\bissues?\s+#?\d+", re.I)]
 # An upstream tracker named just before the number makes it someone else's issue.
 UPSTREAM = re.compile(r"\b(pytorch|torch|nccl|gloo|onednn|dnnl|cudnn|cuda|meson|gcc|clang|"
