@@ -3,9 +3,9 @@
 // batch_norm_backward_reduce and batch_norm_backward_elemt.
 //
 // x and dy are [N, C, ...]; every per-channel statistic or sum is a float64 [C] tensor on x's
-// device. CPU tensors run batch_norm's own kernels (nn/batchnorm_kernels.cpp); other devices run
-// the same formulas written with generic tensor ops. `generic = true` picks those on the CPU too,
-// so the tests can hold the two versions together.
+// device. CPU tensors run batch_norm's own kernels; other devices run the same formulas written
+// with generic tensor ops (both in nn/batchnorm_steps.cpp). `generic = true` picks those on the
+// CPU too, so the tests can hold the two versions together.
 #pragma once
 
 #include "tensor/tensor.h"

@@ -1,7 +1,8 @@
 // batch_norm and batch_norm_relu on channels-last input (the NHWC loops of
-// nn/batchnorm_kernels.cpp): the same values as on the contiguous input, in every dtype, forward
-// and backward, training and eval; results stay channels-last; the sums are the same bits on any
-// number of threads.
+// nn/batchnorm_channels_last.cpp and nn/batchnorm_channels_last_backward.cpp): the same values as
+// on the contiguous input, which runs the reference kernels (nn/batchnorm_contiguous.cpp), in every
+// dtype, forward and backward, training and eval; results stay channels-last; the sums are the
+// same bits on any number of threads.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -102,6 +103,7 @@ TEST_CASE("batch_norm channels-last: float32 matches the contiguous input") {
   check_against_contiguous(kFloat32, 1e-6);
 }
 
+// Against the reference kernels on the same values in float64.
 TEST_CASE("batch_norm channels-last: float32 statistics of values far from zero") {
   // The NHWC loops add float32 values in float within a block (the contiguous loops in double).
   // Far from zero a float sum of the values would round away their spread; the loops sum
@@ -196,6 +198,7 @@ TEST_CASE("batch_norm channels-last: the same bits on 1 and 2 threads, and run t
   }
 }
 
+// As the reference's clamp (relu_clamp, written as ReluOp is): NaN in, NaN out.
 TEST_CASE("batch_norm_relu channels-last: NaN stays NaN") {
   Tensor x = ops::contiguous(ops::ones({2, 3, 4, 4}), MemoryFormat::ChannelsLast);
   ops::fill_(ops::narrow(x, 1, 1, 1), 2.0);
@@ -208,8 +211,10 @@ TEST_CASE("batch_norm_relu channels-last: NaN stays NaN") {
   CHECK(ops::amax(ops::abs(ops::narrow(y, 1, 1, 2))).item<float>() == 0.0f);
 }
 
+// Against the same call on the contiguous input (the reference kernels).
 TEST_CASE("sync_batch_norm without a group, channels-last: its steps keep the layout") {
-  // The SyncBatchNorm steps (nn/batchnorm_kernels.h) run the same NHWC loops.
+  // The SyncBatchNorm steps (nn/batchnorm_kernels.h, nn/batchnorm_steps.cpp) run the same NHWC
+  // loops.
   Generator g(17);
   const Shape s{6, 16, 9, 11};
   for (DType dtype : {kFloat64, kFloat32}) {
@@ -238,6 +243,7 @@ TEST_CASE("sync_batch_norm without a group, channels-last: its steps keep the la
   }
 }
 
+// Against the same values made contiguous (the reference kernels).
 TEST_CASE("batch_norm channels-last: a view that starts inside its storage") {
   Generator g(19);
   Tensor whole =

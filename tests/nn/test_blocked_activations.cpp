@@ -147,7 +147,7 @@ TEST_CASE("blocked layout: views, in-place writes and aliases see one set of val
 
 TEST_CASE("batch norm on blocked x: the channels-last results, forward and backward") {
   // The blocked loops walk the values in the channels-last loops' blocks and lanes, so every
-  // result is the same bits (nn/batchnorm_kernels.cpp, NhwcBlocks). Shapes: planes (one sample's
+  // result is the same bits (NhwcBlocks in nn/batchnorm_nhwc_walk.h). Shapes: planes (one sample's
   // 16 channels) shorter than a block, a block then spanning several and ending inside one, in a
   // lane group (9x11 planes: 99 pixels, 4 to a group) or at its end; planes longer than a block;
   // one pixel per plane; 48 channels (lanes not a constant width).
@@ -369,7 +369,7 @@ TEST_CASE("adaptive_avg_pool2d to 1x1 on blocked and channels-last x: the row-ma
 }
 
 TEST_CASE("SyncBatchNorm's steps on blocked x: the channels-last bits, results blocked") {
-  // batch_norm_moments / normalize / grad_sums / input_grad (nn/batchnorm_kernels.h), what
+  // batch_norm_moments / normalize / grad_sums / input_grad (nn/batchnorm_steps.cpp), what
   // SyncBatchNorm runs around its all-reduces, on a blocked x (and dy channels-last or blocked).
   Generator g(43);
   const Shape s{6, 32, 9, 11};

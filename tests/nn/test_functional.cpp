@@ -299,6 +299,8 @@ TEST_CASE("conv2d: error messages name both shapes") {
   CHECK(m.find("4-D input") != std::string::npos);
 }
 
+// batch_norm's reference kernels (nn/batchnorm_contiguous.cpp), which every other form of batch
+// norm is tested equal to, against finite differences and PyTorch's formulas.
 TEST_CASE("batch_norm: gradcheck in training mode (4-D and 2-D), input, weight and bias") {
   for (Shape s : {Shape{3, 2, 3, 2}, Shape{5, 3}}) {
     CAPTURE(shape_str(s));
@@ -390,6 +392,7 @@ TEST_CASE("batch_norm_relu, add_relu: gradcheck in float64 (training and eval)")
              {randn64({2, 3}, 46), randn64({3}, 47)});
 }
 
+// The fused forms (nn/batchnorm_kernels.cpp, nn/functional.cpp) against the separate calls.
 TEST_CASE("batch_norm_relu, add_relu: bit for bit relu(batch_norm) and relu(a + b) in float32") {
   Generator g(48);
   const Shape s{4, 3, 5, 5};

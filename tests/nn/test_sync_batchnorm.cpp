@@ -177,6 +177,7 @@ TEST_CASE("sync_batch_norm without a group: equals batch_norm; gradcheck in floa
   }
 }
 
+// nn/batchnorm_steps.cpp: its CPU kernels against its generic ops, which CUDA runs.
 TEST_CASE("batch_norm steps: the CPU kernels and the generic-op versions (CUDA's) agree") {
   namespace F = nn::functional;
   manual_seed(2);
