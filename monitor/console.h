@@ -4,7 +4,7 @@
 //   monitor::Progress bar;
 //   for (...) bar.update(epoch, step, steps_per_epoch, loss, acc, images_per_sec, eta_seconds);
 //   bar.end_line();
-//   monitor::print_epoch_summary(mon.end_epoch(), {.ddp = true});
+//   monitor::print_epoch_summary(mon.end_epoch(), {/*ddp=*/true});
 //
 // Both write to stdout unless given another stream (the tests read what they wrote).
 #pragma once
