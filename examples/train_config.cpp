@@ -204,8 +204,9 @@ std::string validate(const Config& c) {
 
 // The folders were checked at start; a failure here is reported, not fatal: the run itself does
 // not depend on the copy.
-void save_config(const std::string& toml, const std::vector<std::string>& dirs) {
-  for (const std::string& dir : dirs) {
+void report_config(const std::string& toml, const Config& c) {
+  std::printf("effective config:\n%s", toml.c_str());
+  for (const std::string& dir : {c.checkpoint.dir, c.logdir, c.trace_dir}) {
     if (dir.empty()) continue;
     const std::string path = dir + "/config.toml";
     std::ofstream f(path);

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "examples/train_checkpoint.h"
 
@@ -63,8 +62,9 @@ std::optional<int> parse_flags(int argc, char** argv, Config& c, std::string& ef
 // The checks CLI11 cannot make alone: an error message, empty when all is well.
 std::string validate(const Config& c);
 
-// Writes the effective config as `config.toml` into each output folder given (empty: skipped),
-// so that the run's checkpoints and logs say how they were made; `--config FILE` repeats it.
-void save_config(const std::string& toml, const std::vector<std::string>& dirs);
+// Rank 0, at start: prints the effective config and writes it as `config.toml` into each output
+// folder (--checkpoint-dir, --logdir, --trace-dir), so that the run's checkpoints and logs say how
+// they were made; `--config FILE` repeats the run.
+void report_config(const std::string& toml, const Config& c);
 
 }  // namespace ddplab::train
