@@ -17,6 +17,11 @@
 //
 // Threads: Debian's oneDNN is built with OpenMP, so it runs on the same pool as every other CPU
 // kernel of ddplab (tensor/threads.h).
+//
+// Versions: Debian 12's oneDNN 2.6.3 (the default) and 3.x (meson -Donednn=pypi: PyPI's 3.2,
+// also GNU OpenMP). 3.x dropped the operation descriptors (a primitive descriptor is built from
+// the engine and the operation's arguments directly) and renamed memory::desc's getters; the
+// `#if DNNL_VERSION_MAJOR >= 3` branches below are the only differences.
 #include "nn/onednn.h"
 
 #include <atomic>
@@ -31,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl_version.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/allocator.h"
@@ -57,6 +63,23 @@ dnnl::stream& stream() {
   return s;
 }
 
+// memory::desc's dims and type: dims(), data_type() in oneDNN 2.x; get_dims(), get_data_type() in
+// 3.x.
+memory::dims dims_of(const memory::desc& d) {
+#if DNNL_VERSION_MAJOR >= 3
+  return d.get_dims();
+#else
+  return d.dims();
+#endif
+}
+dt type_of(const memory::desc& d) {
+#if DNNL_VERSION_MAJOR >= 3
+  return d.get_data_type();
+#else
+  return d.data_type();
+#endif
+}
+
 // Turns oneDNN's exceptions (status + message) into ddplab errors that name the convolution.
 template <class F>
 auto guarded(const Conv2dParams& p, const char* what, F&& f) -> decltype(f()) {
@@ -72,10 +95,11 @@ auto guarded(const Conv2dParams& p, const char* what, F&& f) -> decltype(f()) {
 // with 16 channels (8 on AVX2), oneDNN's blocked nChw16c (nChw8c), NHWC under another name. Then
 // no reorder is needed, only the primitive's name for the layout.
 bool same_bytes_as_nhwc(const memory::desc& u, const memory::desc& p) {
-  const memory::dims d = u.dims();
-  if (d.size() != 4 || u != memory::desc(d, u.data_type(), tag::nhwc)) return false;
-  return p == u || (d[1] == 16 && p == memory::desc(d, u.data_type(), tag::aBcd16b)) ||
-         (d[1] == 8 && p == memory::desc(d, u.data_type(), tag::aBcd8b));
+  const memory::dims d = dims_of(u);
+  const dt t = type_of(u);
+  if (d.size() != 4 || u != memory::desc(d, t, tag::nhwc)) return false;
+  return p == u || (d[1] == 16 && p == memory::desc(d, t, tag::aBcd16b)) ||
+         (d[1] == 8 && p == memory::desc(d, t, tag::aBcd8b));
 }
 
 // One argument of a primitive: the layout we hold (`user`), the layout the primitive wants
@@ -98,14 +122,14 @@ struct Arg {
 // nChw16c: the blocked layout of Note [Blocked activations] (tensor/blocked.cpp).
 constexpr int64_t kBlock = 16;
 memory::desc blocked_desc(const memory::desc& plain) {
-  return {plain.dims(), plain.data_type(), tag::aBcd16b};
+  return {dims_of(plain), type_of(plain), tag::aBcd16b};
 }
 
 // The argument `a` for a caller that holds the array blocked instead: no reorder where the
 // primitive reads or writes that very layout. Only arrays whose channels fill whole blocks can be
 // blocked; for others the twin is never asked for and stays empty.
 Arg blocked_twin(const Arg& a, bool is_input) {
-  if (a.user.dims()[1] % kBlock != 0) return {};
+  if (dims_of(a.user)[1] % kBlock != 0) return {};
   return {blocked_desc(a.user), a.prim, is_input};
 }
 
@@ -318,14 +342,20 @@ struct ConvPrimitives {
 
     memory::desc x_any({p.n, p.c, p.h, p.w}, operand, activation_tag(p, operand, winograd));
     memory::desc y_any({p.n, p.o, oh, ow}, y_type, activation_tag(p, operand, winograd));
-    memory::desc w_any(w_plain.dims(), operand, tag::any);
+    memory::desc w_any(dims_of(w_plain), operand, tag::any);
     memory::desc b_md = p.has_bias ? b_plain : memory::desc();
     fwd_pd = with_algorithm(
         winograd,
         [&](dnnl::algorithm a) {
+#if DNNL_VERSION_MAJOR >= 3
+          return dnnl::convolution_forward::primitive_desc(
+              engine(), dnnl::prop_kind::forward_training, a, x_any, w_any, b_md, y_any, strides,
+              dilates, pad_l, pad_r);
+#else
           dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, a, x_any, w_any,
                                             b_md, y_any, strides, dilates, pad_l, pad_r);
           return dnnl::convolution_forward::primitive_desc(d, engine());
+#endif
         },
         &fwd_winograd);
     fwd = dnnl::convolution_forward(fwd_pd);
@@ -341,13 +371,18 @@ struct ConvPrimitives {
   }
 
   void build_backward_data() {
-    memory::desc gx_any(x_plain.dims(), x_type, activation_tag(p, operand, winograd));
-    memory::desc gy_any(y_plain.dims(), operand, activation_tag(p, operand, winograd));
-    memory::desc w_any(w_plain.dims(), operand, tag::any);
+    memory::desc gx_any(dims_of(x_plain), x_type, activation_tag(p, operand, winograd));
+    memory::desc gy_any(dims_of(y_plain), operand, activation_tag(p, operand, winograd));
+    memory::desc w_any(dims_of(w_plain), operand, tag::any);
     auto pd = with_algorithm(winograd, [&](dnnl::algorithm a) {
+#if DNNL_VERSION_MAJOR >= 3
+      return dnnl::convolution_backward_data::primitive_desc(
+          engine(), a, gx_any, w_any, gy_any, strides, dilates, pad_l, pad_r, fwd_pd);
+#else
       dnnl::convolution_backward_data::desc d(a, gx_any, w_any, gy_any, strides, dilates, pad_l,
                                               pad_r);
       return dnnl::convolution_backward_data::primitive_desc(d, engine(), fwd_pd);
+#endif
     });
     bwd_data = dnnl::convolution_backward_data(pd);
     bd_gy = Arg(y_plain, pd.diff_dst_desc(), true);
@@ -364,12 +399,25 @@ struct ConvPrimitives {
                        p.o >= kBf16WinogradWeightsMinChannels;
     const dt t = widen ? dt::f32 : operand;
     const bool wino = winograd || widen;
-    memory::desc x_any(x_plain.dims(), t, activation_tag(p, t, wino));
-    memory::desc gy_any(y_plain.dims(), t, activation_tag(p, t, wino));
-    memory::desc gw_any(w_plain.dims(), dt::f32, tag::any);
+    memory::desc x_any(dims_of(x_plain), t, activation_tag(p, t, wino));
+    memory::desc gy_any(dims_of(y_plain), t, activation_tag(p, t, wino));
+    memory::desc gw_any(dims_of(w_plain), dt::f32, tag::any);
     memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
     auto make_pd = [&] {
       return with_algorithm(wino, [&](dnnl::algorithm a) {
+#if DNNL_VERSION_MAJOR >= 3
+        if (!widen) {
+          return dnnl::convolution_backward_weights::primitive_desc(
+              engine(), a, x_any, gw_any, gb_md, gy_any, strides, dilates, pad_l, pad_r, fwd_pd);
+        }
+        // The hint oneDNN asks for: a forward of the same convolution with the same types.
+        dnnl::convolution_forward::primitive_desc hint(
+            engine(), dnnl::prop_kind::forward_training, a, x_any,
+            memory::desc(dims_of(w_plain), dt::f32, tag::any), gb_md, gy_any, strides, dilates,
+            pad_l, pad_r);
+        return dnnl::convolution_backward_weights::primitive_desc(
+            engine(), a, x_any, gw_any, gb_md, gy_any, strides, dilates, pad_l, pad_r, hint);
+#else
         dnnl::convolution_backward_weights::desc d(a, x_any, gw_any, gb_md, gy_any, strides,
                                                    dilates, pad_l, pad_r);
         if (!widen) return dnnl::convolution_backward_weights::primitive_desc(d, engine(), fwd_pd);
@@ -379,6 +427,7 @@ struct ConvPrimitives {
                                           gy_any, strides, dilates, pad_l, pad_r);
         dnnl::convolution_forward::primitive_desc hint(f, engine());
         return dnnl::convolution_backward_weights::primitive_desc(d, engine(), hint);
+#endif
       });
     };
     auto pd = make_pd();

@@ -4,7 +4,9 @@
 // takes any mix of types and strides. Our row-major matrices with leading dimensions (and the
 // transposed views GEMM's flags describe) are plain strided memory descriptors: A [m, k] has
 // strides (lda, 1), or (1, lda) when transposed. alpha becomes an output scale and beta a "sum"
-// post-op (C = alpha * A @ B + beta * C).
+// post-op (C = alpha * A @ B + beta * C). oneDNN 3.x has no output scales: there alpha is A's
+// scale, a runtime argument, which oneDNN applies to the product before the post-ops, as 2.x
+// applied the output scale (same result).
 #include "tensor/cpu/onednn_matmul.h"
 
 #include <memory>
@@ -12,6 +14,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include <oneapi/dnnl/dnnl_version.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/error.h"
@@ -55,6 +58,9 @@ struct KeyHash {
 struct Matmul {
   memory::desc a, b, c;
   dnnl::matmul prim;
+#if DNNL_VERSION_MAJOR >= 3
+  float alpha = 1;  // A's scale, passed at execution (DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC)
+#endif
 
   explicit Matmul(const Key& key) {
     // op(A) is m x k; stored transposed, its rows are the columns of what we hold.
@@ -64,14 +70,23 @@ struct Matmul {
                      key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
     c = memory::desc({key.m, key.n}, dt::f32, memory::dims{key.ldc, 1});
     dnnl::primitive_attr attr;
+#if DNNL_VERSION_MAJOR >= 3
+    alpha = static_cast<float>(key.alpha);
+    if (key.alpha != 1) attr.set_scales_mask(DNNL_ARG_SRC, 0);
+#else
     if (key.alpha != 1) attr.set_output_scales(0, {static_cast<float>(key.alpha)});
+#endif
     if (key.beta != 0) {
       dnnl::post_ops ops;
       ops.append_sum(static_cast<float>(key.beta));
       attr.set_post_ops(ops);
     }
+#if DNNL_VERSION_MAJOR >= 3
+    prim = dnnl::matmul(dnnl::matmul::primitive_desc(engine(), a, b, c, attr));
+#else
     dnnl::matmul::desc d(a, b, c);
     prim = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, engine()));
+#endif
   }
 };
 
@@ -93,9 +108,17 @@ void gemm_bf16_f32(const GemmArgs& g, const void* a, const void* b, float* c) {
   try {
     Matmul& mm = matmul_for(key);
     dnnl::stream s(engine());
-    mm.prim.execute(s, {{DNNL_ARG_SRC, memory(mm.a, engine(), const_cast<void*>(a))},
-                        {DNNL_ARG_WEIGHTS, memory(mm.b, engine(), const_cast<void*>(b))},
-                        {DNNL_ARG_DST, memory(mm.c, engine(), c)}});
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, memory(mm.a, engine(), const_cast<void*>(a))},
+        {DNNL_ARG_WEIGHTS, memory(mm.b, engine(), const_cast<void*>(b))},
+        {DNNL_ARG_DST, memory(mm.c, engine(), c)}};
+#if DNNL_VERSION_MAJOR >= 3
+    if (g.alpha != 1) {
+      args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC,
+                   memory(memory::desc({1}, dt::f32, memory::format_tag::x), engine(), &mm.alpha));
+    }
+#endif
+    mm.prim.execute(s, args);
     s.wait();
   } catch (const dnnl::error& e) {
     DDP_FAIL("oneDNN bfloat16 matmul failed (m=" << g.m << " n=" << g.n << " k=" << g.k
