@@ -31,7 +31,7 @@
 //
 // Changing the count during a run changes how oneDNN splits a convolution's work, and with it
 // the rounding of its sums: a run that must be bitwise reproducible keeps its count fixed
-// (examples/train.cpp does so under --deterministic). oneDNN sizes many kernels for the thread
+// (examples/train does so under --deterministic). oneDNN sizes many kernels for the thread
 // count they were built with, so its primitives are cached per count (nn/onednn.cpp), and a
 // convolution's backward runs with its forward's count (nn/conv.cpp).
 #include "tensor/adaptive_threads.h"
