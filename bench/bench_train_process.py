@@ -1,0 +1,261 @@
+#!/usr/bin/python3
+"""`train` as a user runs it, a whole process, against the same loop in PyTorch.
+
+bench_train.py times the step inside one process; this driver times what a user waits for:
+`build/examples/train` from its first instruction to its exit, data loading, model set-up,
+progress bar, loss read-back and the thread governor included. It runs each program twice, for a
+short and a long number of steps, and takes
+
+    per-step time = (wall(long) - wall(short)) / (long - short)
+
+so that start-up, loading the files and the end-of-run evaluation, the same in both runs, cancel.
+The runs are interleaved (ddplab short, ddplab long, torch short, ...) for `--rounds` rounds; the
+table gives medians and the ratio of ddplab to the FASTER PyTorch, per round and overall.
+
+    /usr/bin/python3 bench/bench_train_process.py [--build build] [--rounds 3] [--steps 5,25]
+        [--threads-list 2] [--load 0] [--batch 128] [--ddp] [--data-dir DIR]
+        [--variants ddplab,torch,torch2]
+
+Single process: `train --model resnet20 --dataset cifar10 --batch-size B --no-augment
+--threads T --device cpu --max-steps N` (its defaults otherwise: two loader threads, SGD with
+momentum, the progress bar). PyTorch runs this file with --torch-only: the same files read into
+one normalized tensor, resnet20 from tests/torch_models.py, SGD (momentum 0.9, weight decay 5e-4),
+a new shuffle per epoch, cross_entropy, backward, step, zero_grad, the loss read back every step,
+then the same evaluation on --test-subset images; glibc keeps freed memory (bench_train.py's
+TUNED_MALLOC: without it PyTorch faults fresh pages in every step).
+
+--ddp: 2 ranks, --batch B each, 1 thread each. ddplab through `BUILD/tools/ddprun --standalone
+--nproc-per-node 2 train ...` (Gloo); PyPI's PyTorch through its `torchrun --standalone
+--nproc_per_node 2`, DistributedDataParallel over a gloo group, each rank its sampler's share;
+Debian's PyTorch 1.13, whose torchrun fails on Python 3.11, through this file starting the two
+ranks itself with the environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+No CIFAR-10 is needed: without --data-dir the driver writes CIFAR-10-format files of random
+images (--records per file; train reads them with --any-record-count). Every program gets the
+same environment: this one, OMP_NUM_THREADS = the thread count and GOMP_SPINCOUNT=1000 (unless
+the environment chooses the wait policy). See bench/README.md.
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from machine import (SYSTEM_PYTHON, CompetingLoad, cpu_info, load_average, omp_wait_default,
+                     venv_python)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+                "MALLOC_TOP_PAD_": str(256 << 20)}  # as bench_train.py's "+malloc"
+MEAN = (0.4914, 0.4822, 0.4465)  # CIFAR-10's per-channel statistics, as data/transforms
+STD = (0.2470, 0.2435, 0.2616)
+
+
+# --- the data: CIFAR-10's binary format, random images ------------------------------------------
+
+def write_cifar(root, records):
+    """data_batch_1..5.bin and test_batch.bin, each `records` records of a label byte and
+    3x32x32 pixel bytes, under root/cifar-10-batches-bin."""
+    out = os.path.join(root, "cifar-10-batches-bin")
+    os.makedirs(out, exist_ok=True)
+    names = [f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]
+    for n, name in enumerate(names):
+        rec = bytearray(os.urandom(records * 3073))
+        for i in range(records):
+            rec[i * 3073] = (i + n) % 10
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(rec)
+    return root
+
+
+def read_cifar(root, train):
+    import numpy as np
+    import torch
+    d = os.path.join(root, "cifar-10-batches-bin")
+    names = [f"data_batch_{k}.bin" for k in range(1, 6)] if train else ["test_batch.bin"]
+    raw = np.concatenate([np.fromfile(os.path.join(d, n), dtype=np.uint8).reshape(-1, 3073)
+                          for n in names])
+    x = torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
+    x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    return x.contiguous(), torch.from_numpy(raw[:, 0].astype(np.int64))
+
+
+# --- PyTorch: the same loop --------------------------------------------------------------------
+
+def torch_train(args):
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    import torch_models
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x, y = read_cifar(args.data_dir, True)
+    xt, yt = read_cifar(args.data_dir, False)
+    model, _ = torch_models.build_model("resnet20")
+    model.train()
+    net = model
+    if args.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    step, epoch = 0, 0
+    while step < args.steps:
+        g = torch.Generator().manual_seed(epoch)
+        order = torch.randperm(len(x), generator=g)[rank::world]  # DistributedSampler's share
+        for i in range(0, len(order) - args.batch + 1, args.batch):
+            idx = order[i:i + args.batch]
+            loss = F.cross_entropy(net(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss.item()  # train reads the loss back every step for its progress line
+            step += 1
+            if step == args.steps:
+                break
+        epoch += 1
+    model.eval()
+    with torch.no_grad():
+        correct = (model(xt[:args.test_subset]).argmax(1) == yt[:args.test_subset]).sum()
+    if args.ddp:
+        torch.distributed.barrier()
+    if rank == 0:
+        print(f"torch {torch.__version__}: {step} steps, test correct {int(correct)}")
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(variant, args, threads, steps):
+    """(argv list or list of argv lists to start together, extra environment)."""
+    batch = args.batch
+    if variant == "ddplab":
+        train = os.path.join(args.build, "examples", "train")
+        argv = [train, "--model", "resnet20", "--dataset", "cifar10", "--data-dir", args.data_dir,
+                "--any-record-count", "--batch-size", str(batch), "--no-augment", "--threads",
+                str(threads), "--device", "cpu", "--max-steps", str(steps), "--epochs", "1000",
+                "--test-subset", str(args.test_subset)]
+        if args.ddp:
+            argv = [os.path.join(args.build, "tools", "ddprun"), "--standalone", "--nproc-per-node",
+                    "2"] + argv
+        return [argv], {}
+    python = SYSTEM_PYTHON if variant == "torch" else venv_python()
+    me = [os.path.abspath(__file__), "--torch-only", "--data-dir", args.data_dir, "--batch",
+          str(batch), "--threads", str(threads), "--steps", str(steps), "--test-subset",
+          str(args.test_subset)]
+    if not args.ddp:
+        return [[python] + me], dict(TUNED_MALLOC)
+    me.append("--ddp")
+    if variant == "torch2":
+        torchrun = os.path.join(os.path.dirname(python), "torchrun")
+        return [[torchrun, "--standalone", "--nproc_per_node", "2"] + me], \
+            dict(TUNED_MALLOC)
+    port = str(free_port())  # Debian's torchrun fails on Python 3.11: start the ranks here
+    return [[python] + me + [f"--env-rank={r}", f"--env-port={port}"] for r in range(2)], \
+        dict(TUNED_MALLOC)
+
+
+def wall(variant, args, threads, steps, env):
+    cmds, extra = command(variant, args, threads, steps)
+    full = dict(env, **extra)
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for c in cmds]
+    outs = [p.communicate()[0] for p in procs]
+    t = time.perf_counter() - t0
+    for p, out, c in zip(procs, outs, cmds):
+        if p.returncode != 0:
+            raise SystemExit(f"{variant} failed (exit {p.returncode}): {' '.join(c)}\n"
+                             f"{out[-3000:]}")
+    return t
+
+
+def driver(args):
+    variants = args.variants.split(",")
+    if "torch2" in variants and venv_python() is None:
+        print("no PyPI PyTorch venv (scripts/pyvenv): torch2 left out")
+        variants.remove("torch2")
+    short, long_ = (int(s) for s in args.steps_pair.split(","))
+    if long_ <= short:
+        raise SystemExit("--steps SHORT,LONG needs LONG > SHORT")
+    tmp = None
+    if not args.data_dir:
+        tmp = tempfile.TemporaryDirectory(prefix="ddplab-bench-cifar-")
+        args.data_dir = write_cifar(tmp.name, args.records)
+    base = dict(os.environ)
+    base.update(omp_wait_default(base))
+    print(cpu_info())
+    mode = "DDP 2 ranks x batch %d, 1 thread each" % args.batch if args.ddp else \
+        "one process, batch %d" % args.batch
+    print(f"resnet20, {mode}; per step = (wall({long_} steps) - wall({short} steps)) / "
+          f"{long_ - short}; {args.rounds} rounds; load average {load_average()}")
+    threads_list = [1] if args.ddp else [int(t) for t in args.threads_list.split(",")]
+    for load in (int(n) for n in args.load.split(",")):
+        for threads in threads_list:
+            env = dict(base, OMP_NUM_THREADS=str(threads))
+            per = {v: [] for v in variants}
+            with CompetingLoad(load):
+                for _ in range(args.rounds):
+                    for v in variants:
+                        a = wall(v, args, threads, short, env)
+                        b = wall(v, args, threads, long_, env)
+                        per[v].append((b - a) / (long_ - short) * 1e3)
+            torch_vs = [v for v in variants if v != "ddplab"]
+            head = f"load {load}, {threads} thread(s):"
+            cells = ", ".join(f"{v} {statistics.median(per[v]):.1f} ms "
+                              f"({' '.join('%.0f' % t for t in per[v])})" for v in variants)
+            print(f"{head} {cells}")
+            if "ddplab" in variants and torch_vs:
+                fast = min(torch_vs, key=lambda v: statistics.median(per[v]))
+                rounds = [per["ddplab"][r] / min(per[v][r] for v in torch_vs)
+                          for r in range(args.rounds)]
+                ratio = statistics.median(per["ddplab"]) / statistics.median(per[fast])
+                print(f"  ratio ddplab / faster PyTorch ({fast}): {ratio:.2f} "
+                      f"(per round {' '.join('%.2f' % r for r in rounds)})")
+    if tmp:
+        tmp.cleanup()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", dest="steps_pair", default="5,25", metavar="SHORT,LONG")
+    ap.add_argument("--threads-list", default="2")
+    ap.add_argument("--load", default="0", metavar="N[,N...]",
+                    help="spinning processes beside each measurement (bench_train.py's --load)")
+    ap.add_argument("--batch", type=int, default=128, help="per process (per rank with --ddp)")
+    ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--data-dir", default="", help="CIFAR-10 binary files (default: random)")
+    ap.add_argument("--records", type=int, default=2000, help="records per random file")
+    ap.add_argument("--test-subset", type=int, default=256)
+    ap.add_argument("--variants", default="ddplab,torch,torch2")
+    # --torch-only: one PyTorch run, started by the driver.
+    ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--env-rank", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--env-port", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.torch_only:
+        args.steps = int(args.steps_pair)  # the driver passes one length
+        if args.env_rank is not None:
+            os.environ.update(RANK=args.env_rank, LOCAL_RANK=args.env_rank, WORLD_SIZE="2",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=args.env_port)
+        torch_train(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
