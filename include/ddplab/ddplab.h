@@ -17,8 +17,11 @@
 #include "tensor/tensor.h"
 #include "tensor/threads.h"
 
-// Automatic differentiation.
+// Automatic differentiation: the differentiable operations (ddplab::add, matmul, relu, ...),
+// the engine, custom ops (record), gradient checks.
 #include "autograd/engine.h"
+#include "autograd/function_node.h"
+#include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 
