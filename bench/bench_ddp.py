@@ -26,12 +26,12 @@ environment: this one plus every --env. See bench/README.md.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-from machine import SYSTEM_PYTHON, cpu_info, load_average, omp_wait_default, venv_python
+from machine import (SYSTEM_PYTHON, cpu_info, free_port, load_average, omp_wait_default,
+                     venv_python)
 
 
 # --- ddplab ---------------------------------------------------------------------------------------
@@ -153,9 +153,7 @@ def run_torch(steps, full):
     if full:
         single = torch_steps(resnet20(), 64, steps)[0]
         result = {"single_step_ms": 1e3 * single, "single_images_per_sec": 64 / single}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=torch_worker, args=(r, 2, port, steps, full, queue))

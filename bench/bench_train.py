@@ -44,14 +44,8 @@ import subprocess
 import sys
 import time
 
-from machine import (CompetingLoad, cpu_info, load_average, omp_wait_default, torch_python,
-                     venv_python)
-
-TUNED_MALLOC = {
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-    "MALLOC_TOP_PAD_": str(256 << 20),
-}
+from machine import (TUNED_MALLOC, CompetingLoad, cpu_info, load_average, omp_wait_default,
+                     torch_python, venv_python)
 
 
 # --- the models, layer by layer as models/resnet.cpp and models/simple.cpp ---------------------

@@ -21,7 +21,7 @@ Single process: `train --model resnet20 --dataset cifar10 --batch-size B --no-au
 momentum, the progress bar). PyTorch runs this file with --torch-only: the same files read into
 one normalized tensor, resnet20 from tests/torch_models.py, SGD (momentum 0.9, weight decay 5e-4),
 a new shuffle per epoch, cross_entropy, backward, step, zero_grad, the loss read back every step,
-then the same evaluation on --test-subset images; glibc keeps freed memory (bench_train.py's
+then the same evaluation on --test-subset images; glibc keeps freed memory (machine.py's
 TUNED_MALLOC: without it PyTorch faults fresh pages in every step).
 
 --ddp: 2 ranks, --batch B each, 1 thread each. ddplab through `BUILD/tools/ddprun --standalone
@@ -37,19 +37,16 @@ the environment chooses the wait policy). See bench/README.md.
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from machine import (SYSTEM_PYTHON, CompetingLoad, cpu_info, load_average, omp_wait_default,
-                     venv_python)
+from machine import (SYSTEM_PYTHON, TUNED_MALLOC, CompetingLoad, cpu_info, free_port,
+                     load_average, omp_wait_default, venv_python)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TUNED_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-                "MALLOC_TOP_PAD_": str(256 << 20)}  # as bench_train.py's "+malloc"
 MEAN = (0.4914, 0.4822, 0.4465)  # CIFAR-10's per-channel statistics, as data/transforms
 STD = (0.2470, 0.2435, 0.2616)
 
@@ -131,14 +128,9 @@ def torch_train(args):
 
 # --- the driver --------------------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(variant, args, threads, steps):
-    """(argv list or list of argv lists to start together, extra environment)."""
+    """The argv lists of the processes to start together for one run (ddplab: one; PyTorch: one,
+    or two ranks without torchrun)."""
     batch = args.batch
     if variant == "ddplab":
         train = os.path.join(args.build, "examples", "train")
@@ -149,26 +141,24 @@ def command(variant, args, threads, steps):
         if args.ddp:
             argv = [os.path.join(args.build, "tools", "ddprun"), "--standalone", "--nproc-per-node",
                     "2"] + argv
-        return [argv], {}
+        return [argv]
     python = SYSTEM_PYTHON if variant == "torch" else venv_python()
     me = [os.path.abspath(__file__), "--torch-only", "--data-dir", args.data_dir, "--batch",
           str(batch), "--threads", str(threads), "--steps", str(steps), "--test-subset",
           str(args.test_subset)]
     if not args.ddp:
-        return [[python] + me], dict(TUNED_MALLOC)
+        return [[python] + me]
     me.append("--ddp")
     if variant == "torch2":
         torchrun = os.path.join(os.path.dirname(python), "torchrun")
-        return [[torchrun, "--standalone", "--nproc_per_node", "2"] + me], \
-            dict(TUNED_MALLOC)
+        return [[torchrun, "--standalone", "--nproc_per_node", "2"] + me]
     port = str(free_port())  # Debian's torchrun fails on Python 3.11: start the ranks here
-    return [[python] + me + [f"--env-rank={r}", f"--env-port={port}"] for r in range(2)], \
-        dict(TUNED_MALLOC)
+    return [[python] + me + [f"--env-rank={r}", f"--env-port={port}"] for r in range(2)]
 
 
 def wall(variant, args, threads, steps, env):
-    cmds, extra = command(variant, args, threads, steps)
-    full = dict(env, **extra)
+    cmds = command(variant, args, threads, steps)
+    full = env if variant == "ddplab" else dict(env, **TUNED_MALLOC)
     t0 = time.perf_counter()
     procs = [subprocess.Popen(c, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for c in cmds]

@@ -4,6 +4,7 @@ competing load they start themselves.
 Imports nothing outside the standard library, so a driver can use it without importing torch.
 """
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,24 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")
 # (tools/launcher.cpp says why). The drivers give it to ddplab and PyTorch alike, so that the
 # comparison runs both under the same OpenMP wait policy.
 OMP_WAIT_DEFAULT = {"GOMP_SPINCOUNT": "1000"}
+
+
+# glibc told to keep freed memory (no mmap for large blocks, no trimming, a large top pad): without
+# it glibc hands large freed blocks back to the OS and PyTorch faults fresh pages in every step
+# (/work/shared/toolchain.md), which ddplab's caching allocator avoids by design. The drivers' fair
+# PyTorch ("+malloc").
+TUNED_MALLOC = {
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+    "MALLOC_TOP_PAD_": str(256 << 20),
+}
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous the driver starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def omp_wait_default(environ):
