@@ -47,26 +47,11 @@ from machine import (SYSTEM_PYTHON, TUNED_MALLOC, CompetingLoad, cpu_info, free_
                      load_average, omp_wait_default, venv_python)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MEAN = (0.4914, 0.4822, 0.4465)  # CIFAR-10's per-channel statistics, as data/transforms
-STD = (0.2470, 0.2435, 0.2616)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+from dataset_files import CIFAR_STATS, write_cifar  # noqa: E402
 
 
-# --- the data: CIFAR-10's binary format, random images ------------------------------------------
-
-def write_cifar(root, records):
-    """data_batch_1..5.bin and test_batch.bin, each `records` records of a label byte and
-    3x32x32 pixel bytes, under root/cifar-10-batches-bin."""
-    out = os.path.join(root, "cifar-10-batches-bin")
-    os.makedirs(out, exist_ok=True)
-    names = [f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]
-    for n, name in enumerate(names):
-        rec = bytearray(os.urandom(records * 3073))
-        for i in range(records):
-            rec[i * 3073] = (i + n) % 10
-        with open(os.path.join(out, name), "wb") as f:
-            f.write(rec)
-    return root
-
+# --- the data: CIFAR-10's binary format, random images (tests/dataset_files.py) -----------------
 
 def read_cifar(root, train):
     import numpy as np
@@ -76,7 +61,8 @@ def read_cifar(root, train):
     raw = np.concatenate([np.fromfile(os.path.join(d, n), dtype=np.uint8).reshape(-1, 3073)
                           for n in names])
     x = torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
-    x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in CIFAR_STATS)
+    x = (x - mean) / std
     return x.contiguous(), torch.from_numpy(raw[:, 0].astype(np.int64))
 
 
@@ -85,7 +71,6 @@ def read_cifar(root, train):
 def torch_train(args):
     import torch
     import torch.nn.functional as F
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     import torch_models
 
     rank = int(os.environ.get("RANK", "0"))
@@ -182,7 +167,9 @@ def driver(args):
     tmp = None
     if not args.data_dir:
         tmp = tempfile.TemporaryDirectory(prefix="ddplab-bench-cifar-")
-        args.data_dir = write_cifar(tmp.name, args.records)
+        import numpy as np
+        write_cifar(tmp.name, np.random.default_rng(0), args.records)
+        args.data_dir = tmp.name
     base = dict(os.environ)
     base.update(omp_wait_default(base))
     print(cpu_info())

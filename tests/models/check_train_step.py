@@ -14,29 +14,11 @@ when, both for its value after the step and for the step itself (after - before)
 and every num_batches_tracked must be equal. The step matters: with lr 0.1 a weight moves by a
 small part of itself, so the state alone hides gradient errors; an off-by-one in batch norm's
 backward (proj divided by M - 1 instead of M, 1/2048 of one term) passed the states at 0.80 of
-their bounds and failed the steps at 2.35. The log starts with the machine (tests/models/Note [A starting point away from the kinks]
-ReLU and max-pool are not smooth: at a ReLU input within rounding of 0, float32 may take the
-other branch than float64, and that one element's gradient, which is as large as any other,
-then moves every gradient below it. A float32 run that rounds a ReLU input of 1e-7 to the other
-side is as right as one that does not, yet it differs from the oracle by far more than
-rounding: on one resnet20 batch a single ReLU input of 9.5e-8 (of 500,000 in its layer) put
-conv1.weight at 0.97 of its bound, and flipping that one decision in the oracle brought the
-error to 1.4e-7. Such a comparison fails by chance, for PyTorch's float32 too: from PyTorch's
-initial state as it is (--at-init: BatchNorm's weight 1 and bias 0, so half of every
-normalized channel is near zero) and batch 32 of data seeds 1 to 8, on an AMD EPYC with AVX2
-(2026-12-06), ddplab failed 2 of the 8 (worst 36x and 40x its bound, on BatchNorm biases
-moved from 0 by about 1e-3, whose error is a few channels' single flipped decisions), PyTorch
-1.13's own float32 step in channels-last failed 5 (91x to 267x) and with oneDNN off 3
-(91x to 166x). In the first, ddplab's layer1.1.bn2.bias was off in one channel of 16 (by
-4.5e-6, the others within 1e-9), and the oracle with one ReLU decision flipped (layer1.1's
-second ReLU, an input of 7.4e-7) gave ddplab's value there to 3e-7 of itself. So the test
-moves its starting point off the kinks before it compares: in forward order, wherever a ReLU
-input lies within tau = 10 x (PyTorch float32's largest error at that ReLU) of zero, the bias
-feeding that channel (BatchNorm's, or the linear layer's before the small CNN's last ReLU)
-moves by the smallest step that clears the whole channel of that band; and it draws other data
-while a 2x2 max-pool window holds two values within its tau of each other. At that point every
-implementation whose errors are within 10x PyTorch's takes the oracle's branches, and the
-comparison measures arithmetic only.
+their bounds and failed the steps at 2.35. The log starts with the machine
+(tests/models/cpu_info.cpp).
+
+The starting point is moved off the ReLU and max-pool kinks first (Note [A starting point away
+from the kinks] in tests/models/kinks.py).
 
     check_train_step.py TRAIN CPU_INFO [--model resnet20|cnn] [--runs RUNS] [--batch B]
                         [--ranks 2 --ddprun DDPRUN] [--sync-bn] [--wrapper "CMD ..."]
@@ -82,15 +64,15 @@ except ImportError as e:
           % (e.name, sys.executable))
     sys.exit(77)
 import st_io  # noqa: E402
+from dataset_files import (CIFAR_STATS, FMNIST_STATS, normalized, write_cifar,  # noqa: E402
+                           write_fmnist)
 import torch_models  # noqa: E402
+from kinks import KINK_FACTOR, away_from_kinks, make_model  # noqa: E402  (tests/models/kinks.py)
 
 # The switches of train's fast paths (docs/layers.md, docs/training.md).
 PLAIN_ENV = {"DDPLAB_FUSED": "0", "DDPLAB_BLOCKED": "0", "DDPLAB_CONV_ALGO": "direct",
              "DDPLAB_ADAPTIVE_THREADS": "0"}
-CIFAR_STATS = ([0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616])  # data/transforms.cpp
-FMNIST_STATS = ([0.2860], [0.3530])
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
-KINK_FACTOR = 10  # tau in units of PyTorch float32's largest error; the bound's factor too
 FLOOR = 1e-6      # the bound where PyTorch's float32 error is about 0 (see the docstring)
 
 
@@ -102,52 +84,6 @@ def rel_err(a, b):
     scale = b.abs().max().item()
     diff = (a - b).abs().max().item()
     return diff / scale if scale > 0 else diff
-
-
-# --- data in the datasets' own file formats ------------------------------------------------
-
-def write_cifar(root, rng, records):
-    """CIFAR-10's binary files: 5 training files and a test file, label byte + 3072 pixels."""
-    d = os.path.join(root, "cifar-10-batches-bin")
-    os.makedirs(d)
-    train = []
-    for k in range(1, 7):
-        rec = np.empty((records, 3073), dtype=np.uint8)
-        rec[:, 0] = rng.integers(0, 10, size=records)
-        rec[:, 1:] = rng.integers(0, 256, size=(records, 3072))
-        rec.tofile(os.path.join(d, "data_batch_%d.bin" % k if k < 6 else "test_batch.bin"))
-        train.append(rec)
-    first = train[0]  # the step's batch: the first records of data_batch_1
-    return first[:, 1:].reshape(-1, 3, 32, 32), first[:, 0].astype(np.int64)
-
-
-def write_idx(path, array):
-    with open(path, "wb") as f:
-        f.write(bytes([0, 0, 8, array.ndim]))
-        for n in array.shape:
-            f.write(int(n).to_bytes(4, "big"))
-        f.write(array.astype(np.uint8).tobytes())
-
-
-def write_fmnist(root, rng, records):
-    """Fashion-MNIST's four idx files (uncompressed)."""
-    out = {}
-    for prefix in ("train", "t10k"):
-        images = rng.integers(0, 256, size=(records, 28, 28))
-        labels = rng.integers(0, 10, size=records)
-        write_idx(os.path.join(root, prefix + "-images-idx3-ubyte"), images)
-        write_idx(os.path.join(root, prefix + "-labels-idx1-ubyte"), labels)
-        out[prefix] = (images, labels)
-    images, labels = out["train"]
-    return images.reshape(-1, 1, 28, 28), labels.astype(np.int64)
-
-
-def normalized(pixels, stats):
-    """data::Transform's table in float32: (v / 255 - mean) / std, operation by operation."""
-    mean = np.asarray(stats[0], dtype=np.float32).reshape(1, -1, 1, 1)
-    std = np.asarray(stats[1], dtype=np.float32).reshape(1, -1, 1, 1)
-    x = pixels.astype(np.float32) / np.float32(255)
-    return ((x - mean) / std).astype(np.float32)
 
 
 # --- the PyTorch side ------------------------------------------------------------------------
@@ -167,82 +103,6 @@ def initial_state(model, as_is=False):
                 m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
                 m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def make_model(name, state, dtype):
-    model, _ = torch_models.build_model(name)
-    model = model.to(dtype)
-    model.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v)
-                           for k, v in state.items()}, strict=True)
-    model.train()
-    return model
-
-
-def kink_inputs(name, state, x, dtype):
-    """{module name: its input} for every ReLU and MaxPool2d, in forward order."""
-    model = make_model(name, state, dtype)
-    seen = {}
-    for n, m in model.named_modules():
-        if isinstance(m, (torch.nn.ReLU, torch.nn.MaxPool2d)):
-            m.register_forward_pre_hook(lambda mod, inp, n=n: seen.__setitem__(n, inp[0].detach()))
-    with torch.no_grad():
-        model(torch.from_numpy(x).to(dtype))
-    return seen
-
-
-def bias_before(relu):
-    """The bias that shifts this ReLU's input channel by channel (torch_models' names)."""
-    prefix, _, leaf = relu.rpartition(".")
-    prefix = prefix + "." if prefix else ""
-    return {"relu": "bn1.bias", "relu1": prefix + "bn1.bias", "relu2": prefix + "bn2.bias",
-            "relu3": "fc1.bias"}[leaf]
-
-
-def shift_clearing(z, tau):
-    """The smallest shift s (a multiple of tau / 2) with |z + s| >= tau for every value of z."""
-    for k in range(1, 200):
-        for s in (k * tau / 2, -k * tau / 2):
-            if (z + s).abs().min().item() >= tau:
-                return s
-    raise SystemExit("check_train_step: no shift clears a channel of its near-zero inputs")
-
-
-def away_from_kinks(name, state, x):
-    """Note [A starting point away from the kinks]: moves state's biases until no ReLU input is
-    within tau of 0; returns (state, number of channels moved), or None when a max-pool window
-    holds a near tie (the caller draws other data)."""
-    moved, done = 0, set()
-    while True:
-        z64 = kink_inputs(name, state, x, torch.float64)
-        z32 = kink_inputs(name, state, x, torch.float32)
-        site = next((s for s in z64 if s not in done), None)
-        if site is None:
-            return state, moved
-        tau = KINK_FACTOR * (z32[site].double() - z64[site]).abs().max().item()
-        z = z64[site]
-        if name in ("cnn",) and "pool" in site:
-            # The two largest of each 2x2 window, where the largest is positive (ties of zeros
-            # are exact in any precision).
-            n, c, h, w = z.shape
-            win = z[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2)
-            win = win.permute(0, 1, 2, 4, 3, 5).reshape(-1, 4)
-            top = win.topk(2, dim=1).values
-            if ((top[:, 0] > 0) & (top[:, 0] - top[:, 1] < tau)).any():
-                return None
-            done.add(site)
-            continue
-        bias = bias_before(site)
-        changed = False
-        for ch in range(z.shape[1]):
-            zc = z[:, ch]
-            if zc.abs().min().item() < tau:
-                s = shift_clearing(zc, tau)
-                b = state[bias]
-                b[ch] = (b[ch].double() + s).to(b.dtype)
-                moved += 1
-                changed = True
-        if not changed:
-            done.add(site)  # else look again: float32's rounding of the new bias moved it a bit
 
 
 def torch_step(name, state, x, y, dtype, channels_last=False):
