@@ -119,17 +119,23 @@ struct Arg {
   }
 };
 
-// nChw16c: the blocked layout of Note [Blocked activations] (tensor/blocked.cpp).
-constexpr int64_t kBlock = 16;
+bool isa_is_avx512();
+
+// The block of Note [Blocked activations] (tensor/blocked.cpp): the channels of one vector
+// register, as oneDNN's kernels block them: nChw16c on AVX-512, nChw8c below.
+int64_t activation_block() {
+  static const int64_t block = isa_is_avx512() ? 16 : 8;
+  return block;
+}
 memory::desc blocked_desc(const memory::desc& plain) {
-  return {dims_of(plain), type_of(plain), tag::aBcd16b};
+  return {dims_of(plain), type_of(plain), activation_block() == 16 ? tag::aBcd16b : tag::aBcd8b};
 }
 
 // The argument `a` for a caller that holds the array blocked instead: no reorder where the
 // primitive reads or writes that very layout. Only arrays whose channels fill whole blocks can be
 // blocked; for others the twin is never asked for and stays empty.
 Arg blocked_twin(const Arg& a, bool is_input) {
-  if (dims_of(a.user)[1] % kBlock != 0) return {};
+  if (dims_of(a.user)[1] % activation_block() != 0) return {};
   return {blocked_desc(a.user), a.prim, is_input};
 }
 
@@ -360,8 +366,13 @@ struct ConvPrimitives {
         &fwd_winograd);
     fwd = dnnl::convolution_forward(fwd_pd);
     // y's layout (conv2d_output_nhwc): NHWC where the kernel writes NHWC bytes or x is NHWC.
+    // Below AVX-512 also where it writes nChw8c: no 16-channel layer writes NHWC bytes there, so
+    // a network would stay NCHW after its stem and reorder every activation twice per layer; held
+    // NHWC, blocked activations take the kernel's bytes as they are.
     const memory::desc y_nhwc_desc({p.n, p.o, oh, ow}, y_type, tag::nhwc);
-    y_nhwc = types.x_nhwc || same_bytes_as_nhwc(y_nhwc_desc, fwd_pd.dst_desc());
+    const bool writes_block8 =
+        activation_block() == 8 && p.o % 8 == 0 && fwd_pd.dst_desc() == blocked_desc(y_nhwc_desc);
+    y_nhwc = types.x_nhwc || writes_block8 || same_bytes_as_nhwc(y_nhwc_desc, fwd_pd.dst_desc());
     y_plain = y_nhwc ? y_nhwc_desc : memory::desc({p.n, p.o, oh, ow}, y_type, tag::nchw);
     fwd_x = Arg(x_plain, fwd_pd.src_desc(), true);
     fwd_w = Arg(w_plain, fwd_pd.weights_desc(), true);
@@ -521,7 +532,8 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
   // NHWC loops are faster than its NCHW ones. resnet20 (channels-last from its first layer on),
   // float32, 2 threads, 6 interleaved rounds: median step 157 ms with every layer NHWC, 173 ms
   // with only the 16-channel ones (2026-12-03, AMD EPYC with AVX-512). A network that starts NCHW
-  // stays NCHW until a layer writes NHWC bytes; a one-channel input counts as channels-last
+  // stays NCHW until a layer writes NHWC bytes (below AVX-512, nChw8c ones too: Note [Blocked
+  // activations]); a one-channel input counts as channels-last
   // (conv.cpp, counts_as_channels_last), so the small CNN runs channels-last too, pooling included.
   // The rule is applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out
   // y so.
@@ -536,12 +548,13 @@ std::atomic<bool>& blocked_setting() {
 }
 
 // Whether an activation array of `channels` held by the caller as `plain` may be blocked, and the
-// primitive works in nChw16c on it (`prim`).
+// primitive works in the blocked layout (nChw16c, nChw8c below AVX-512) on it (`prim`).
 int64_t block_for(const memory::desc& plain, const memory::desc& prim, int64_t channels,
                   bool channels_last) {
-  const bool wants = blocked_setting().load() && channels_last && channels > kBlock &&
-                     channels % kBlock == 0 && prim == blocked_desc(plain);
-  return wants ? kBlock : 0;
+  const int64_t block = activation_block();
+  const bool wants = blocked_setting().load() && channels_last && channels > block &&
+                     channels % block == 0 && prim == blocked_desc(plain);
+  return wants ? block : 0;
 }
 
 }  // namespace

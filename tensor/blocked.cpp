@@ -21,6 +21,13 @@
 // converts it for all. Only whole tensors are read blocked (blocked_block): a view of part of one
 // converts it first. The mark lives with the memory, not with one TensorImpl, so a detached
 // alias or a saved tensor never sees stale bytes.
+//
+// Below AVX-512 (AVX2) oneDNN's kernels work in nChw8c, the 8 channels of a 256-bit register,
+// and the block is 8 (nn/onednn.cpp, activation_block). There even the 16-channel layers write
+// no NHWC bytes, so resnet20 would stay NCHW after its stem and reorder every activation on the
+// way into and out of every convolution: 82 reorders per step, 18% of oneDNN's time on an AVX2
+// EPYC (DNNL_VERBOSE=1, 2026-12-06). Holding the convolutions' outputs channels-last and blocked
+// in 8 removes all of them (docs/benchmarks.md).
 #include "tensor/blocked.h"
 
 #include <cstring>

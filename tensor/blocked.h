@@ -1,6 +1,6 @@
 // Activations in oneDNN's blocked layout between layers (Note [Blocked activations] in
-// tensor/blocked.cpp): how a CPU tensor's bytes can be nChw16c while its strides say NHWC, and
-// the few calls the layout-aware kernels use.
+// tensor/blocked.cpp): how a CPU tensor's bytes can be nChw16c (nChw8c on AVX2) while its strides
+// say NHWC, and the few calls the layout-aware kernels use.
 #pragma once
 
 #include <cstdint>
