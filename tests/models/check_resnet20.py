@@ -16,10 +16,10 @@ kinks] in kinks.py): the first run gives the seeded weights and batch, their Bat
 moved until no ReLU input lies within float32's reach of 0, and parity_resnet20 runs again from
 there (--init-from). From the seeded weights as they are (BatchNorm bias 0: half of every
 normalized channel near 0) a float32 step that rounds one ReLU input of about 1e-7 to the other
-side moves every gradient upstream of it by ~1e-2 of its size: an AVX2 build whose
-activations stay channels-last failed 23 of 196 tensors so (up to 662x the bound, all upstream of
-layer2.2, forward exact), and the oracle with one decision flipped (layer2.1's second ReLU, an
-input of 6.0e-7) put every gradient within 3e-6 of ddplab's (2026-12-07).
+side moves every gradient upstream of it by ~1e-2 of its size: an AVX2 build whose activations
+stay channels-last failed 23 of 196 tensors so (up to 662x the bound, all upstream of layer2.2,
+forward exact), and the oracle with one decision flipped (layer2.1's second ReLU, an input of
+6.0e-7) put every gradient within 3e-6 of ddplab's (2026-12-07).
 
     python3 check_resnet20.py PARITY_RESNET20_EXE WORK_DIR
 

@@ -1,28 +1,27 @@
 """Moving a parity check's starting point off the ReLU and max-pool kinks.
 
 Note [A starting point away from the kinks]
-ReLU and max-pool are not smooth: at a ReLU input within rounding of 0, float32 may take the
-other branch than float64, and that one element's gradient, which is as large as any other,
-then moves every gradient below it. A float32 run that rounds a ReLU input of 1e-7 to the other
-side is as right as one that does not, yet it differs from the oracle by far more than
-rounding: on one resnet20 batch a single ReLU input of 9.5e-8 (of 500,000 in its layer) put
-conv1.weight at 0.97 of its bound, and flipping that one decision in the oracle brought the
-error to 1.4e-7. Such a comparison fails by chance, for PyTorch's float32 too: from PyTorch's
-initial state as it is (--at-init: BatchNorm's weight 1 and bias 0, so half of every
-normalized channel is near zero) and batch 32 of data seeds 1 to 8, on an AMD EPYC with AVX2
-(2026-12-06), ddplab failed 2 of the 8 (worst 36x and 40x its bound, on BatchNorm biases
-moved from 0 by about 1e-3, whose error is a few channels' single flipped decisions), PyTorch
-1.13's own float32 step in channels-last failed 5 (91x to 267x) and with oneDNN off 3
-(91x to 166x). In the first, ddplab's layer1.1.bn2.bias was off in one channel of 16 (by
-4.5e-6, the others within 1e-9), and the oracle with one ReLU decision flipped (layer1.1's
-second ReLU, an input of 7.4e-7) gave ddplab's value there to 3e-7 of itself. So the test
-moves its starting point off the kinks before it compares: in forward order, wherever a ReLU
-input lies within tau = 10 x (PyTorch float32's largest error at that ReLU) of zero, the bias
-feeding that channel (BatchNorm's, or the linear layer's before the small CNN's last ReLU)
-moves by the smallest step that clears the whole channel of that band; and it draws other data
-while a 2x2 max-pool window holds two values within its tau of each other. At that point every
-implementation whose errors are within 10x PyTorch's takes the oracle's branches, and the
-comparison measures arithmetic only.
+ReLU and max-pool are not smooth: at a ReLU input within rounding of 0, float32 may take the other
+branch than float64, and that one element's gradient, which is as large as any other, then moves
+every gradient below it. A float32 run that rounds a ReLU input of 1e-7 to the other side is as
+right as one that does not, yet it differs from the oracle by far more than rounding: on one
+resnet20 batch a single ReLU input of 9.5e-8 (of 500,000 in its layer) put conv1.weight at 0.97 of
+its bound, and flipping that one decision in the oracle brought the error to 1.4e-7. Such a
+comparison fails by chance, for PyTorch's float32 too: from PyTorch's initial state as it is
+(check_train_step.py --at-init: BatchNorm's weight 1 and bias 0, so half of every normalized
+channel is near zero) and batch 32 of data seeds 1 to 8, on an AMD EPYC with AVX2 (2026-12-06),
+ddplab failed 2 of the 8 (worst 36x and 40x its bound, on BatchNorm biases moved from 0 by about
+1e-3, whose error is a few channels' single flipped decisions), PyTorch 1.13's own float32 step in
+channels-last failed 5 (91x to 267x) and with oneDNN off 3 (91x to 166x). In the first, ddplab's
+layer1.1.bn2.bias was off in one channel of 16 (by 4.5e-6, the others within 1e-9), and the oracle
+with one ReLU decision flipped (layer1.1's second ReLU, an input of 7.4e-7) gave ddplab's value
+there to 3e-7 of itself. So the test moves its starting point off the kinks before it compares: in
+forward order, wherever a ReLU input lies within tau = 10 x (PyTorch float32's largest error at
+that ReLU) of zero, the bias feeding that channel (BatchNorm's, or the linear layer's before the
+small CNN's last ReLU) moves by the smallest step that clears the whole channel of that band; and
+it draws other data while a 2x2 max-pool window holds two values within its tau of each other. At
+that point every implementation whose errors are within 10x PyTorch's takes the oracle's branches,
+and the comparison measures arithmetic only.
 
 Used by check_train_step.py (one step of examples/train) and check_resnet20.py (one step of
 parity_resnet20): away_from_kinks() moves the biases of a state_dict, the programs under test
