@@ -24,7 +24,8 @@ a new shuffle per epoch, cross_entropy, backward, step, zero_grad, the loss read
 then the same evaluation on --test-subset images; glibc keeps freed memory (machine.py's
 TUNED_MALLOC: without it PyTorch faults fresh pages in every step).
 
---ddp: 2 ranks, --batch B each, 1 thread each. ddplab through `BUILD/tools/ddprun --standalone
+--ddp: 2 ranks, --batch B each, 1 thread each, and runs of 5 and 65 steps by default (torchrun's
+start-up and rendezvous vary by a second or more from run to run). ddplab through `BUILD/tools/ddprun --standalone
 --nproc-per-node 2 train ...` (Gloo); PyPI's PyTorch through its `torchrun --standalone
 --nproc_per_node 2`, DistributedDataParallel over a gloo group, each rank its sampler's share;
 Debian's PyTorch 1.13, whose torchrun fails on Python 3.11, through this file starting the two
@@ -161,7 +162,8 @@ def driver(args):
     if "torch2" in variants and venv_python() is None:
         print("no PyPI PyTorch venv (scripts/pyvenv): torch2 left out")
         variants.remove("torch2")
-    short, long_ = (int(s) for s in args.steps_pair.split(","))
+    pair = args.steps_pair or ("5,65" if args.ddp else "5,25")
+    short, long_ = (int(s) for s in pair.split(","))
     if long_ <= short:
         raise SystemExit("--steps SHORT,LONG needs LONG > SHORT")
     tmp = None
@@ -208,7 +210,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", dest="steps_pair", default="5,25", metavar="SHORT,LONG")
+    ap.add_argument("--steps", dest="steps_pair", default=None, metavar="SHORT,LONG",
+                    help="run lengths (default 5,25; with --ddp 5,65: torchrun's start-up varies "
+                         "by a second or more)")
     ap.add_argument("--threads-list", default="2")
     ap.add_argument("--load", default="0", metavar="N[,N...]",
                     help="spinning processes beside each measurement (bench_train.py's --load)")
