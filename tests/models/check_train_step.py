@@ -22,7 +22,7 @@ from the kinks] in tests/models/kinks.py).
 
     check_train_step.py TRAIN CPU_INFO [--model resnet20|cnn] [--runs RUNS] [--batch B]
                         [--ranks 2 --ddprun DDPRUN] [--sync-bn] [--wrapper "CMD ..."]
-                        [--check-save] [--at-init [--data-seed S]]
+                        [--check-save] [--at-init [--data-seed S]] [--sanitized]
 
 --at-init: from PyTorch's initial state as it is, not moved off the kinks, with the data of
 --data-seed (default 1): the comparison as a user would first try it, which float32 results,
@@ -38,7 +38,8 @@ and adaptive threads off: PLAIN_ENV) or `torch-cl:T` (PyTorch's float32 step in 
 another summation order than its yardstick's: the allowance's own check). --ranks 2: ddprun starts 2 ranks of batch B each
 (--no-shuffle: rank r reads records r, r + 2, ...); the oracle is one process with the batch of
 2B (mean loss; with --sync-bn, BatchNorm's statistics over all 2B). --wrapper runs train and
-cpu_info under a command, e.g. "qemu-x86_64 -cpu EPYC-Milan" for an AVX2-only CPU.
+cpu_info under a command, e.g. "qemu-x86_64 -cpu EPYC-Milan" for an AVX2-only CPU; --sanitized
+(meson passes it in an ASan/UBSan build) skips a run under a wrapper.
 Exit 1 on any failure, 77 (skipped) without torch and numpy or without the wrapper's program.
 """
 import argparse
@@ -226,10 +227,15 @@ def main():
     ap.add_argument("--check-save", action="store_true")
     ap.add_argument("--at-init", action="store_true")
     ap.add_argument("--data-seed", type=int, default=1)
+    ap.add_argument("--sanitized", action="store_true")
     a = ap.parse_args()
     wrapper = shlex.split(a.wrapper)
     if wrapper and shutil.which(wrapper[0]) is None:
         print("skipped: %s is not installed (Debian: qemu-user)" % wrapper[0])
+        return 77
+    if wrapper and a.sanitized:
+        print("skipped: a sanitizer build does not run under %s (it cannot map ASan's shadow "
+              "memory)" % wrapper[0])
         return 77
     print(subprocess.run(wrapper + [a.cpu_info], stdout=subprocess.PIPE, text=True,
                          stderr=subprocess.DEVNULL, check=True).stdout.strip()
