@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Two builds of ddplab side by side (e.g. oneDNN 2.6.3 against 3.2: docs/benchmarks.md, "Libraries"):
-# bench_train's resnet20 step, float32 and bfloat16 autocast, each build in turn, the order
-# alternating every round (A B, B A, ...) so that a drift of the shared machine hits both alike.
+# Two builds of ddplab side by side (e.g. oneDNN 2.6.3 against 3.2: docs/benchmarks.md,
+# "Libraries"): bench_train's resnet20 step, float32 and bfloat16 autocast, each build in turn,
+# the order alternating every round (A B, B A, ...) so that a drift of the shared machine hits both
+# alike.
 #
 #   bench/ab_builds.sh BUILD_A BUILD_B [ROUNDS] [THREADS]
 #
@@ -21,8 +22,9 @@ for ((r = 1; r <= rounds; r++)); do
     amp=()
     [[ $precision == bf16 ]] && amp=(--amp bf16)
     for build in "${order[@]}"; do
-      ms=$(GOMP_SPINCOUNT=1000 OMP_NUM_THREADS=$threads "$build/bench/bench_train" --model resnet20 \
-             --batch 128 --threads "$threads" --warmup 2 --steps 5 "${amp[@]}" 2>&1 |
+      ms=$(GOMP_SPINCOUNT=1000 OMP_NUM_THREADS=$threads "$build/bench/bench_train" \
+             --model resnet20 --batch 128 --threads "$threads" --warmup 2 --steps 5 \
+             "${amp[@]}" 2>&1 |
            sed -n 's/.*step \([0-9.]*\) ms.*/\1/p' | head -1)
       echo "round $r $build $precision $ms ms" | tee -a "$log"
     done

@@ -25,11 +25,12 @@ then the same evaluation on --test-subset images; glibc keeps freed memory (mach
 TUNED_MALLOC: without it PyTorch faults fresh pages in every step).
 
 --ddp: 2 ranks, --batch B each, 1 thread each, and runs of 5 and 65 steps by default (torchrun's
-start-up and rendezvous vary by a second or more from run to run). ddplab through `BUILD/tools/ddprun --standalone
---nproc-per-node 2 train ...` (Gloo); PyPI's PyTorch through its `torchrun --standalone
---nproc_per_node 2`, DistributedDataParallel over a gloo group, each rank its sampler's share;
-Debian's PyTorch 1.13, whose torchrun fails on Python 3.11, through this file starting the two
-ranks itself with the environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+start-up and rendezvous vary by a second or more from run to run). ddplab through
+`BUILD/tools/ddprun --standalone --nproc-per-node 2 train ...` (Gloo); PyPI's PyTorch through its
+`torchrun --standalone --nproc_per_node 2`, DistributedDataParallel over a gloo group, each rank
+its sampler's share; Debian's PyTorch 1.13, whose torchrun fails on Python 3.11, through this file
+starting the two ranks itself with the environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT).
 
 No CIFAR-10 is needed: without --data-dir the driver writes CIFAR-10-format files of random
 images (--records per file; train reads them with --any-record-count). Every program gets the

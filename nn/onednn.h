@@ -84,8 +84,7 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types = {});
 // (conv2d_input_grad_block), or 0 where it writes them as conv2d_output_nhwc and x_nhwc say: B
 // (16 on AVX-512, 8 below) where its kernel works in that layout, the tensor would be
 // channels-last, and the channels are more than one block (with one, nChw<B>c is NHWC byte for
-// byte). Off (always 0)
-// after set_blocked_activations(false) or with DDPLAB_BLOCKED=0.
+// byte). Off (always 0) after set_blocked_activations(false) or with DDPLAB_BLOCKED=0.
 int64_t conv2d_output_block(const Conv2dParams& p, ConvTypes types = {});
 int64_t conv2d_input_grad_block(const Conv2dParams& p, ConvTypes types = {});
 void set_blocked_activations(bool on);
