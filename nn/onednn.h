@@ -63,15 +63,18 @@ struct ConvTypes {
 
 // Which algorithm CPU convolutions use (Note [Winograd] in nn/onednn.cpp).
 enum class ConvAlgorithm {
-  Auto,    // Winograd for float32 3x3 stride-1 convolutions with >= 32 channels in and out (where
-           // it was measured faster), direct everywhere else
-  Direct,  // always direct, like PyTorch's oneDNN path (for comparisons)
+  Auto,        // Winograd for float32 3x3 stride-1 convolutions: oneDNN's with >= 32 channels in
+               // and out on AVX-512 (where it was measured faster), ours (nn/winograd.h) where
+               // oneDNN runs them directly and the padding is 1; direct everywhere else
+  OneDnnOnly,  // Winograd only where oneDNN has it, direct elsewhere (to compare with Auto)
+  Direct,      // always direct, like PyTorch's oneDNN path (for comparisons)
 };
 // The algorithm for convolutions run from now on (primitives already built for the other setting
-// stay cached). Starts as DDPLAB_CONV_ALGO says ("auto" or "direct"), else Auto.
+// stay cached). Starts as DDPLAB_CONV_ALGO says ("auto", "onednn" or "direct"), else Auto.
 void set_conv_algorithm(ConvAlgorithm a);
 ConvAlgorithm conv_algorithm();
-// Whether a convolution of `p` with `types` runs Winograd's algorithm under the current setting.
+// Whether a convolution of `p` with `types` runs Winograd's algorithm under the current setting
+// (oneDNN's, or ours where the activations are channels-last or blocked).
 bool conv_uses_winograd(const Conv2dParams& p, ConvTypes types = {});
 
 // Whether the calls below with `types` hold y (and gy) channels-last (NHWC), else NCHW: NHWC where

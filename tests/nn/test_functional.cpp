@@ -188,7 +188,12 @@ TEST_CASE(
 TEST_CASE("conv2d: channels-last in and out on the CPU, the same numbers as row-major") {
   // Note [Channels last]: a convolution whose oneDNN kernel writes NHWC returns its output
   // channels-last, and a channels-last input is read as it is. The kernels see the same data
-  // either way, so the results are bit for bit those of row-major tensors.
+  // either way, so the results are bit for bit those of row-major tensors. Our own Winograd
+  // (Note [Winograd where oneDNN has none]) reads channels-last inputs only, so it would run for
+  // one of the pair and not the other: oneDNN's kernels only here.
+  using nn::onednn::ConvAlgorithm;
+  const ConvAlgorithm before = nn::onednn::conv_algorithm();
+  nn::onednn::set_conv_algorithm(ConvAlgorithm::OneDnnOnly);
   const ops::MemoryFormat kLast = ops::MemoryFormat::ChannelsLast;
   const std::vector<ConvCfg> cfgs = {
       {4, 16, 12, 12, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},  // NHWC kernels on AVX-512
@@ -240,6 +245,7 @@ TEST_CASE("conv2d: channels-last in and out on the CPU, the same numbers as row-
                                      nn::onednn::Element::BFloat16};
     CHECK(nn::onednn::conv2d_output_nhwc(p, bf16));
   }
+  nn::onednn::set_conv_algorithm(before);
 }
 
 TEST_CASE("conv2d: oneDNN primitives are cached per shape") {

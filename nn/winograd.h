@@ -1,0 +1,33 @@
+// Winograd's F(2x2, 3x3) convolution on the CPU, our own kernel: 3x3, stride 1, padding 1
+// convolutions whose channels oneDNN only runs directly (Note [Winograd F(2x2, 3x3)] in
+// nn/winograd.cpp). Float32, channels in vector-register-wide groups; nn/onednn.cpp calls it in
+// place of its primitives where `fits` says so.
+#pragma once
+
+#include <cstdint>
+
+namespace ddplab::nn::winograd {
+
+// One convolution: input [n, c, h, w], weight [o, c, 3, 3], output [n, o, h, w]. The activations
+// (x and gx, y and gy) are held blocked, [n][channels / block][h][w][block]; a block equal to the
+// channel count is NHWC (channels-last).
+// `lanes` picks the kernel: 16 floats per vector register (AVX-512) or 8 (AVX2 with FMA); the
+// caller passes the width oneDNN runs at, so that ONEDNN_MAX_CPU_ISA limits both alike.
+struct Problem {
+  int64_t n = 0, c = 0, h = 0, w = 0, o = 0;
+  int64_t x_block = 0, y_block = 0;
+  int64_t lanes = 0;
+};
+
+// Whether the kernel can run `p` on this CPU: its instruction set present, even h and w, channel
+// counts and blocks in whole vectors.
+bool fits(const Problem& p);
+
+// y = conv(x, w) + b (b may be null); w is OIHW.
+void forward(const Problem& p, const float* x, const float* w, const float* b, float* y);
+// gx = dL/dx from gy = dL/dy.
+void backward_data(const Problem& p, const float* gy, const float* w, float* gx);
+// gw = dL/dw (OIHW) and, unless null, gb = dL/db; overwritten.
+void backward_weights(const Problem& p, const float* x, const float* gy, float* gw, float* gb);
+
+}  // namespace ddplab::nn::winograd
