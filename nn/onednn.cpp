@@ -245,16 +245,26 @@ constexpr int64_t kWinogradMinChannels = 32;
 constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 
 // Note [Winograd where oneDNN has none]
-// Below 32 channels (resnet20's 16-channel stage) and on CPUs without AVX-512 (every stage)
-// oneDNN runs 3x3 convolutions directly. There our own F(2x2, 3x3) (nn/winograd.cpp) takes over:
-// 2.25x fewer products, and transforms cheap enough to pay from 16 channels on. Float32, 3x3,
-// stride 1, padding 1, with the activations channels-last or blocked in whole vector registers;
-// oneDNN's primitives are still built, for the layouts they choose. Batch 128, 2 threads, AMD EPYC
-// (Zen 4), 2026-12-07, ms per call forward / backward data / backward weights, oneDNN direct vs
-// ours: 16 channels at 32x32 2.70 / 2.54 / 2.60 vs 1.93 / 1.95 / 1.95; with oneDNN limited to
-// AVX2 (ONEDNN_MAX_CPU_ISA=AVX2) 4.07 / 3.40 / 3.88 vs 2.96 / 2.96 / 2.83 at 16 channels, 2.69 /
-// 2.53 / 3.19 vs 2.01 / 2.05 / 2.21 at 64. Where oneDNN has its F(4x4, 3x3) it stays: 64
-// channels on AVX-512 1.13 / 1.11 / 1.32 vs ours 1.68 / 1.58 / 1.79.
+// oneDNN 2.6 runs 3x3 convolutions directly below 32 channels (resnet20's 16-channel stage) and on
+// CPUs without AVX-512 (every stage). There our own F(4x4, 3x3) (Note [Winograd F(m x m, 3x3)] in
+// nn/winograd.cpp) takes over, and on AVX-512 also from oneDNN's F(4x4, 3x3) with 32 channels,
+// where it was faster; with 64 channels oneDNN's stays. Float32, 3x3, stride 1, padding 1, the
+// activations channels-last or blocked in whole vector registers (an NCHW call runs oneDNN's
+// kernel); oneDNN's primitives are still built, for the layouts they choose.
+//
+// Measured 2026-12-07 on an AMD EPYC (Zen 4), batch 128, 2 threads, ms per call forward / backward
+// data / backward weights, oneDNN vs ours, each best of 12 rounds of 10 calls on the same arrays:
+//   AVX-512, 16 channels at 32x32 (oneDNN direct):   2.70 / 2.54 / 2.60  vs  1.37 / 1.38 / 1.46
+//   AVX-512, 32 at 16x16 (oneDNN's Winograd):        1.69 / 1.67 / 1.62  vs  1.10 / 1.10 / 1.13
+//   AVX-512, 64 at 8x8 (oneDNN's Winograd):          1.13 / 1.12 / 1.30  vs  1.38 / 1.39 / 1.56
+//   AVX2 (ONEDNN_MAX_CPU_ISA=AVX2; oneDNN direct):  16: 4.02 / 3.38 / 3.80 vs 1.79 / 1.76 / 1.79;
+//     32: 2.86 / 2.74 / 3.22 vs 1.40 / 1.39 / 1.64; 64: 2.67 / 2.51 / 3.14 vs 1.62 / 1.64 / 1.75.
+// In a network the activations come from memory rather than cache and each call takes ~0.5 ms
+// more. resnet20's step (bench_train, batch 128, 2 threads, 3 interleaved rounds): 128.5 ms with
+// oneDNN's kernels only (DDPLAB_CONV_ALGO=onednn), 113.2 with ours at 16 channels, 107.5 with ours
+// at 16 and 32; with oneDNN limited to AVX2, 201 vs 136.
+constexpr int64_t kOneDnnWinogradFromChannels = 64;
+
 bool own_winograd_pays(const Conv2dParams& p, ConvTypes types, ConvAlgorithm algo) {
   return algo == ConvAlgorithm::Auto && types.prec == Precision::Float32 &&
          types.x == Element::Float32 && types.y == Element::Float32 && p.kh == 3 && p.kw == 3 &&
@@ -401,7 +411,9 @@ struct ConvPrimitives {
     fwd_y = Arg(y_plain, fwd_pd.dst_desc(), false);
     fwd_x_b = blocked_twin(fwd_x, true);
     fwd_y_b = blocked_twin(fwd_y, false);
-    own_winograd = !fwd_winograd && own_winograd_pays(p, types, algo);
+    own_winograd =
+        own_winograd_pays(p, types, algo) &&
+        !(fwd_winograd && p.c >= kOneDnnWinogradFromChannels && p.o >= kOneDnnWinogradFromChannels);
   }
 
   void build_backward_data() {

@@ -1,4 +1,5 @@
-// Winograd's F(2x2, 3x3): forward, backward data and backward weights of a 3x3 convolution.
+// Winograd's F(m x m, 3x3), m = 2 or 4: forward, backward data and backward weights of a 3x3
+// convolution.
 #include "nn/winograd.h"
 
 #include <immintrin.h>
@@ -7,51 +8,78 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace ddplab::nn::winograd {
 
-// Note [Winograd F(2x2, 3x3)]
+// Note [Winograd F(m x m, 3x3)]
 // A direct 3x3 convolution spends 9 multiply-adds per output pixel and pair of channels. Winograd's
 // minimal filtering algorithm (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",
-// 2015) computes a 2x2 tile of outputs from the 4x4 patch of input under it with 16 products
-// instead of 36, 2.25x fewer:
+// 2015) computes an m x m tile of outputs from the n x n patch of input under it (n = m + 2) with
+// n * n products instead of 9 m * m:
 //
 //   y = A^T [ (G g G^T) (.) (B^T d B) ] A
 //
-// where d is the 4x4 patch, g the 3x3 filter, (.) the element-wise product and
+// where d is the patch, g the 3x3 filter and (.) the element-wise product. For m = 2 (16 products
+// instead of 36, 2.25x fewer):
 //
 //   B^T = | 1  0 -1  0 |    G = | 1    0    0   |    A^T = | 1  1  1  0 |
 //         | 0  1  1  0 |        | 1/2  1/2  1/2 |          | 0  1 -1 -1 |
 //         | 0 -1  1  0 |        | 1/2 -1/2  1/2 |
 //         | 0  1  0 -1 |        | 0    0    1   |
 //
-// With many channels the element-wise products become matrix products: at each of the 16
-// positions, the transformed patches of all tiles (rows) times the transformed filters (one
-// column per output channel) summed over the input channels. The transforms only add and subtract
-// (G halves), so they cost little and lose little precision: F(2x2, 3x3) is the most accurate
-// of the Winograd forms (oneDNN's uses F(4x4, 3x3), 4x fewer products, at some precision).
+// and for m = 4 (36 instead of 144, 4x fewer), built on the points 0, 1, -1, 2, -1/2 and infinity
+// (Toom-Cook: A^T holds their powers):
 //
-// Why our own: oneDNN 2.6 runs Winograd only on AVX-512 and only pays with 32 or more channels
-// (Note [Winograd] in nn/onednn.cpp); resnet20's 16-channel stage, a third of its convolution
-// work, ran directly at the machine's multiply-add peak, so only fewer multiplications could make
-// it faster. Here a 16x16 product per position is a register-sized job: 16 input channels by one
-// vector of 16 output channels (AVX-512; two vectors of 8 with AVX2).
+//   B^T = | 1  3/2  -2   -3/2   1   0 |    G = |  1      0     0    |
+//         | 0  -1   -5/2 -1/2   1   0 |        | -1/3  -1/3  -1/3   |
+//         | 0   1    1/2 -5/2   1   0 |        |  1/3  -1/3   1/3   |
+//         | 0  -1/2 -1    1/2   1   0 |        |  1/15  2/15  4/15  |
+//         | 0   2   -1   -2     1   0 |        | -16/15 8/15 -4/15  |
+//         | 0   1    3/2 -2    -3/2 1 |        |  0      0     1    |
+//
+//   A^T = | 1  1  1  1   1    0 |
+//         | 0  1 -1  2  -1/2  0 |
+//         | 0  1  1  4   1/4  0 |
+//         | 0  1 -1  8  -1/8  1 |
+//
+// The usual points 0, 1, -1, 2, -2 (Lavin and Gray's matrices, oneDNN's) keep B^T and A^T in
+// whole numbers, but rounded in float32 they err 2.5x more on random 16-channel tiles (mean 3.0e-6
+// against 1.2e-6 of the largest output; of every pair of points from +-1/4 to +-4 beside 0, 1, -1
+// this one erred least: bench/winograd_points.py derives the matrices and measures them), and
+// they took the resnet20 parity run on AVX2, where every stage runs ours, to 0.57 of its bound
+// (0.20 with these).
+//
+// With many channels the element-wise products become matrix products: at each of the n * n
+// positions, the transformed patches of all tiles (rows) times the transformed filters (one
+// column per output channel) summed over the input channels. The larger tile does 2.25x fewer
+// products than the smaller but its transforms multiply by up to 8, so it rounds more: against a
+// float64 convolution, up to 1.9e-6 of the largest output in the test against 5.9e-7 (a float32
+// direct convolution: about 1e-7). Both are here (Problem::tile); convolutions run m = 4.
+//
+// Why our own: oneDNN 2.6 has Winograd only on AVX-512, where it pays from 32 channels on (Note
+// [Winograd] in nn/onednn.cpp); resnet20's 16-channel stage, a third of its convolution work, ran
+// directly at the machine's multiply-add peak, and below AVX-512 every stage did, so only fewer
+// multiplications could make them faster. Here a 16x16 product per position is a register-sized
+// job: 16 input channels by one vector of 16 output channels (AVX-512; two vectors of 8 with AVX2).
+// Which convolutions run it: Note [Winograd where oneDNN has none] in nn/onednn.cpp.
 //
 // Backward data is the forward of gy with the filters turned: channels in and out swapped and
 // each 3x3 filter rotated by 180 degrees (padding 1 stays 1). Backward weights is the same
-// algorithm the other way round, F(3x3, 2x2): a 3x3 filter gradient from a 4x4 input patch and a
-// 2x2 output-gradient tile,
+// algorithm the other way round, F(3x3, m x m): a 3x3 filter gradient from an n x n input patch
+// and an m x m output-gradient tile,
 //
 //   dw = G^T [ (A gy A^T) (.) (B^T d B) ] G,
 //
 // which follows from the forward identity (the matrices swap roles; see the test). The sum over
 // tiles is taken in the transformed domain, so the last transform runs once per pair of channels.
 //
-// Work is split into chunks of kChunk consecutive tiles (2x2 output blocks, image after image,
-// row after row); each thread transforms, multiplies and transforms back one chunk at a time in
-// scratch that fits in its caches. The weight gradient is summed per thread and the threads'
-// sums are added in thread order, so a run with the same thread count gives the same bits.
+// Work is split into chunks of kChunk consecutive tiles (image after image, row after row); each
+// thread transforms, multiplies and transforms back one chunk at a time in scratch that fits in
+// its caches. Tiles that reach past the image's edge read zeros there and write nothing, so any
+// height and width work. The weight gradient is summed per thread and the threads' sums are added
+// in thread order, so a run with the same thread count gives the same bits.
 
 namespace {
 
@@ -72,21 +100,24 @@ struct Tile {
   bool valid;       // false past the last tile (a chunk's padding)
 };
 
+// The m x m output tiles of n images of h x w pixels, in order.
 struct Tiles {
-  int64_t n, th, tw;  // images, tiles per column, tiles per row
+  int64_t n, th, tw, m;  // images, tiles per column, tiles per row, tile size
+  Tiles(int64_t images, int64_t h, int64_t w, int64_t tile)
+      : n(images), th((h + tile - 1) / tile), tw((w + tile - 1) / tile), m(tile) {}
   int64_t count() const { return n * th * tw; }
   Tile at(int64_t t) const {
     if (t >= count()) return {0, 0, 0, false};
     const int64_t r = t % (th * tw);
-    return {t / (th * tw), 2 * (r / tw), 2 * (r % tw), true};
+    return {t / (th * tw), m * (r / tw), m * (r % tw), true};
   }
   // The tile after `t`: to the right, else the next row's first, else the next image's.
   Tile next(Tile t) const {
-    t.x += 2;
-    if (t.x < 2 * tw) return t;
+    t.x += m;
+    if (t.x < m * tw) return t;
     t.x = 0;
-    t.y += 2;
-    if (t.y < 2 * th) return t;
+    t.y += m;
+    if (t.y < m * th) return t;
     t.y = 0;
     t.n += 1;
     t.valid = t.valid && t.n < n;
@@ -133,12 +164,13 @@ inline vec splat(float s) {
 
 namespace {
 
-// Output tiles per chunk: a multiple of kRows. 32 tiles of 16 channels keep V and M (32 KiB each)
-// in the level-2 cache.
+// Output tiles per chunk: a multiple of kRows. 32 tiles of 16 channels keep V and M (32 KiB each
+// for m = 2, 74 KiB for m = 4) in the level-2 cache.
 constexpr int kChunk = 32;
 
-// The per-chunk steps of one instruction set.
+// The per-chunk steps of one instruction set and tile size.
 struct Kernels {
+  int m;
   void (*transform_inputs)(const Activations&, const Tiles&, int64_t, int, float*);
   void (*transform_output_grads)(const Activations&, const Tiles&, int64_t, int, float*);
   void (*multiply)(const float*, const float*, int, int64_t, int64_t, float*);
@@ -147,74 +179,132 @@ struct Kernels {
                             const Activations&);
 };
 
+template <int M>
 Kernels kernels_for(int64_t lanes) {
   if (lanes == 16) {
-    return {avx512::transform_inputs, avx512::transform_output_grads, avx512::multiply,
-            avx512::accumulate_weight_grads, avx512::transform_outputs};
+    return {M,
+            avx512::transform_inputs<M>,
+            avx512::transform_output_grads<M>,
+            avx512::multiply<M>,
+            avx512::accumulate_weight_grads<M>,
+            avx512::transform_outputs<M>};
   }
-  return {avx2::transform_inputs, avx2::transform_output_grads, avx2::multiply,
-          avx2::accumulate_weight_grads, avx2::transform_outputs};
+  return {M,
+          avx2::transform_inputs<M>,
+          avx2::transform_output_grads<M>,
+          avx2::multiply<M>,
+          avx2::accumulate_weight_grads<M>,
+          avx2::transform_outputs<M>};
 }
 
-constexpr float kG[4][3] = {{1, 0, 0}, {0.5F, 0.5F, 0.5F}, {0.5F, -0.5F, 0.5F}, {0, 0, 1}};
-
-// G g G^T of one 3x3 filter, the 16 positions in row-major order.
-std::array<float, 16> transform_filter(const float g[3][3]) {
-  float gg[4][3];  // G g
-  for (int p = 0; p < 4; ++p) {
-    for (int j = 0; j < 3; ++j)
-      gg[p][j] = kG[p][0] * g[0][j] + kG[p][1] * g[1][j] + kG[p][2] * g[2][j];
-  }
-  std::array<float, 16> u{};
-  for (int p = 0; p < 4; ++p) {
-    for (int q = 0; q < 4; ++q)
-      u[4 * p + q] = gg[p][0] * kG[q][0] + gg[p][1] * kG[q][1] + gg[p][2] * kG[q][2];
-  }
-  return u;
+// The tile size a problem runs with (Problem::tile).
+Kernels kernels_for(const Problem& p) {
+  return p.tile == 2 ? kernels_for<2>(p.lanes) : kernels_for<4>(p.lanes);
 }
 
-// U [16][in][out] from OIHW weights w [o][c][3][3]: for the forward (in = c, out = o) or, turned,
-// for backward data (in = o, out = c, each filter rotated by 180 degrees).
+// G of F(m x m, 3x3), n x 3, in double: the filters are transformed in double and rounded once.
+template <int M>
+struct FilterMatrix;
+template <>
+struct FilterMatrix<2> {
+  static constexpr double kG[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+};
+template <>
+struct FilterMatrix<4> {
+  static constexpr double kG[6][3] = {{1, 0, 0},
+                                      {-1.0 / 3, -1.0 / 3, -1.0 / 3},
+                                      {1.0 / 3, -1.0 / 3, 1.0 / 3},
+                                      {1.0 / 15, 2.0 / 15, 4.0 / 15},
+                                      {-16.0 / 15, 8.0 / 15, -4.0 / 15},
+                                      {0, 0, 1}};
+};
+
+// U [n*n][in][out] from OIHW weights w [o][c][3][3], G g G^T per filter: for the forward (in = c,
+// out = o) or, turned, for backward data (in = o, out = c, each filter rotated by 180 degrees).
+template <int M>
 std::vector<float> transform_weights(const float* w, int64_t o, int64_t c, bool turned) {
+  constexpr int N = M + 2;
+  const auto& kG = FilterMatrix<M>::kG;
   const int64_t in = turned ? o : c, out = turned ? c : o;
-  std::vector<float> u(static_cast<size_t>(16 * in * out));
+  std::vector<float> u(static_cast<size_t>(N * N * in * out));
+#pragma omp parallel for if (o * c > 256)
   for (int64_t k = 0; k < o; ++k) {
     for (int64_t ch = 0; ch < c; ++ch) {
       const float* f = w + (k * c + ch) * 9;
-      float g[3][3];
-      for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) g[i][j] = turned ? f[(2 - i) * 3 + (2 - j)] : f[i * 3 + j];
+      double gg[N][3];  // G g
+      for (int p = 0; p < N; ++p) {
+        for (int j = 0; j < 3; ++j) {
+          gg[p][j] = 0;
+          for (int i = 0; i < 3; ++i) {
+            gg[p][j] += kG[p][i] * (turned ? f[(2 - i) * 3 + (2 - j)] : f[i * 3 + j]);
+          }
+        }
       }
-      const std::array<float, 16> t = transform_filter(g);
       const int64_t row = turned ? k : ch, col = turned ? ch : k;
-      for (int pos = 0; pos < 16; ++pos)
-        u[static_cast<size_t>((pos * in + row) * out + col)] = t[pos];
+      for (int p = 0; p < N; ++p) {
+        for (int q = 0; q < N; ++q) {  // (G g) G^T
+          const double t = gg[p][0] * kG[q][0] + gg[p][1] * kG[q][1] + gg[p][2] * kG[q][2];
+          u[static_cast<size_t>(((N * p + q) * in + row) * out + col)] = static_cast<float>(t);
+        }
+      }
     }
   }
   return u;
 }
 
-// The floats of one chunk's V, Gy or M (nn/winograd_tiles.h) with `channels` per tile.
-size_t scratch_size(int64_t channels) {
-  return static_cast<size_t>(16 * avx2::position_stride(kChunk, channels));
+std::vector<float> transform_weights(const Problem& p, const float* w, bool turned) {
+  return p.tile == 2 ? transform_weights<2>(w, p.o, p.c, turned)
+                     : transform_weights<4>(w, p.o, p.c, turned);
+}
+
+// dw = G^T S G for each pair of channels, from the sums S [n*n][c][o].
+template <int M>
+void weight_grads_from_sums(const float* sums, int64_t o, int64_t c, float* gw) {
+  constexpr int N = M + 2;
+  const auto& kG = FilterMatrix<M>::kG;
+#pragma omp parallel for if (o * c > 256)
+  for (int64_t ko = 0; ko < o; ++ko) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double sg[N][3] = {};  // S G
+      for (int p = 0; p < N; ++p) {
+        for (int q = 0; q < N; ++q) {
+          const double v = sums[static_cast<size_t>(((N * p + q) * c + ch) * o + ko)];
+          for (int j = 0; j < 3; ++j) sg[p][j] += v * kG[q][j];
+        }
+      }
+      float* f = gw + (ko * c + ch) * 9;
+      for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {  // G^T (S G)
+          double acc = 0;
+          for (int p = 0; p < N; ++p) acc += kG[p][i] * sg[p][j];
+          f[i * 3 + j] = static_cast<float>(acc);
+        }
+      }
+    }
+  }
+}
+
+// One chunk's V, Gy or M (nn/winograd_tiles.h) with `channels` per tile, left uninitialised: the
+// transforms write every float the products read.
+std::unique_ptr<float[]> scratch(int m, int64_t channels) {
+  return std::unique_ptr<float[]>(
+      new float[static_cast<size_t>((m + 2) * (m + 2) * avx2::position_stride(kChunk, channels))]);
 }
 
 // y = conv(x, U) + b over the tiles of n images: chunk after chunk, each thread with its own
 // scratch.
-void run_forward(int64_t lanes, int64_t n, const Activations& x, const std::vector<float>& u,
+void run_forward(const Kernels& k, int64_t n, const Activations& x, const std::vector<float>& u,
                  const float* b, const Activations& y) {
-  const Kernels k = kernels_for(lanes);
-  const Tiles tiles{n, y.h / 2, y.w / 2};
+  const Tiles tiles(n, y.h, y.w, k.m);
   const int64_t chunks = (tiles.count() + kChunk - 1) / kChunk;
 #pragma omp parallel
   {
-    std::vector<float> v(scratch_size(x.c));
-    std::vector<float> m(scratch_size(y.c));
+    const std::unique_ptr<float[]> v = scratch(k.m, x.c), m = scratch(k.m, y.c);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < chunks; ++i) {
-      k.transform_inputs(x, tiles, i * kChunk, kChunk, v.data());
-      k.multiply(v.data(), u.data(), kChunk, x.c, y.c, m.data());
-      k.transform_outputs(m.data(), b, tiles, i * kChunk, kChunk, y);
+      k.transform_inputs(x, tiles, i * kChunk, kChunk, v.get());
+      k.multiply(v.get(), u.data(), kChunk, x.c, y.c, m.get());
+      k.transform_outputs(m.get(), b, tiles, i * kChunk, kChunk, y);
     }
   }
 }
@@ -232,65 +322,53 @@ bool fits(const Problem& p) {
   auto whole = [&](int64_t channels, int64_t block) {
     return block > 0 && channels % block == 0 && block % p.lanes == 0;
   };
-  return cpu && p.n > 0 && p.h > 0 && p.w > 0 && p.h % 2 == 0 && p.w % 2 == 0 &&
+  return cpu && (p.tile == 2 || p.tile == 4) && p.n > 0 && p.h > 0 && p.w > 0 &&
          whole(p.c, p.x_block) && whole(p.o, p.y_block);
 }
 
 void forward(const Problem& p, const float* x, const float* w, const float* b, float* y) {
-  const std::vector<float> u = transform_weights(w, p.o, p.c, false);
-  run_forward(p.lanes, p.n, activations(x, p.c, p, p.x_block), u, b,
-              activations(y, p.o, p, p.y_block));
+  run_forward(kernels_for(p), p.n, activations(x, p.c, p, p.x_block),
+              transform_weights(p, w, false), b, activations(y, p.o, p, p.y_block));
 }
 
 void backward_data(const Problem& p, const float* gy, const float* w, float* gx) {
-  const std::vector<float> u = transform_weights(w, p.o, p.c, true);
-  run_forward(p.lanes, p.n, activations(gy, p.o, p, p.y_block), u, nullptr,
-              activations(gx, p.c, p, p.x_block));
+  run_forward(kernels_for(p), p.n, activations(gy, p.o, p, p.y_block),
+              transform_weights(p, w, true), nullptr, activations(gx, p.c, p, p.x_block));
 }
 
 void backward_weights(const Problem& p, const float* x, const float* gy, float* gw, float* gb) {
-  const Kernels k = kernels_for(p.lanes);
+  const Kernels k = kernels_for(p);
   const Activations xa = activations(x, p.c, p, p.x_block);
   const Activations ga = activations(gy, p.o, p, p.y_block);
-  const Tiles tiles{p.n, p.h / 2, p.w / 2};
+  const Tiles tiles(p.n, p.h, p.w, k.m);
   const int64_t chunks = (tiles.count() + kChunk - 1) / kChunk;
-  const size_t per_thread = static_cast<size_t>(16 * p.c * p.o);
-  std::vector<float> sums(per_thread * static_cast<size_t>(omp_get_max_threads()), 0.0F);
+  const size_t per_thread = static_cast<size_t>((k.m + 2) * (k.m + 2) * p.c * p.o);
+  // Each thread's sums, zeroed by the thread itself (the first touch also puts them near it).
+  std::unique_ptr<float[]> sums(new float[per_thread * static_cast<size_t>(omp_get_max_threads())]);
   int threads = 1;
 #pragma omp parallel
   {
 #pragma omp single
     threads = omp_get_num_threads();
-    std::vector<float> v(scratch_size(p.c));
-    std::vector<float> g(scratch_size(p.o));
-    float* s = sums.data() + per_thread * static_cast<size_t>(omp_get_thread_num());
+    const std::unique_ptr<float[]> v = scratch(k.m, p.c), g = scratch(k.m, p.o);
+    float* s = sums.get() + per_thread * static_cast<size_t>(omp_get_thread_num());
+    std::fill(s, s + per_thread, 0.0F);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < chunks; ++i) {
-      k.transform_inputs(xa, tiles, i * kChunk, kChunk, v.data());
-      k.transform_output_grads(ga, tiles, i * kChunk, kChunk, g.data());
-      k.accumulate_weight_grads(v.data(), g.data(), kChunk, p.c, p.o, s);
+      k.transform_inputs(xa, tiles, i * kChunk, kChunk, v.get());
+      k.transform_output_grads(ga, tiles, i * kChunk, kChunk, g.get());
+      k.accumulate_weight_grads(v.get(), g.get(), kChunk, p.c, p.o, s);
+    }
+    // The threads' sums in thread order (so the same bits every run), each thread a slice.
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < per_thread; ++i) {
+      for (int t = 1; t < threads; ++t) sums[i] += sums[per_thread * static_cast<size_t>(t) + i];
     }
   }
-  // The threads' sums in thread order, then dw = G^T S G per pair of channels.
-  for (int t = 1; t < threads; ++t) {
-    const float* s = sums.data() + per_thread * static_cast<size_t>(t);
-    for (size_t i = 0; i < per_thread; ++i) sums[i] += s[i];
-  }
-  for (int64_t ko = 0; ko < p.o; ++ko) {
-    for (int64_t ch = 0; ch < p.c; ++ch) {
-      float sp[4][4];
-      for (int pos = 0; pos < 16; ++pos) sp[pos / 4][pos % 4] = sums[(pos * p.c + ch) * p.o + ko];
-      float* f = gw + (ko * p.c + ch) * 9;
-      for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) {
-          float acc = 0;
-          for (int a = 0; a < 4; ++a) {
-            for (int q = 0; q < 4; ++q) acc += kG[a][i] * sp[a][q] * kG[q][j];
-          }
-          f[i * 3 + j] = acc;
-        }
-      }
-    }
+  if (k.m == 2) {
+    weight_grads_from_sums<2>(sums.get(), p.o, p.c, gw);
+  } else {
+    weight_grads_from_sums<4>(sums.get(), p.o, p.c, gw);
   }
   if (gb != nullptr) {
     for (int64_t ko = 0; ko < p.o; ++ko) {

@@ -1,5 +1,5 @@
-// Winograd's F(2x2, 3x3) convolution on the CPU, our own kernel: 3x3, stride 1, padding 1
-// convolutions whose channels oneDNN only runs directly (Note [Winograd F(2x2, 3x3)] in
+// Winograd's F(m x m, 3x3) convolution on the CPU, our own kernel: 3x3, stride 1, padding 1
+// convolutions whose channels oneDNN only runs directly (Note [Winograd F(m x m, 3x3)] in
 // nn/winograd.cpp). Float32, channels in vector-register-wide groups; nn/onednn.cpp calls it in
 // place of its primitives where `fits` says so.
 #pragma once
@@ -12,15 +12,17 @@ namespace ddplab::nn::winograd {
 // (x and gx, y and gy) are held blocked, [n][channels / block][h][w][block]; a block equal to the
 // channel count is NHWC (channels-last).
 // `lanes` picks the kernel: 16 floats per vector register (AVX-512) or 8 (AVX2 with FMA); the
-// caller passes the width oneDNN runs at, so that ONEDNN_MAX_CPU_ISA limits both alike.
+// caller passes the width oneDNN runs at, so that ONEDNN_MAX_CPU_ISA limits both alike. `tile` is
+// the side m of the output tiles, F(m x m, 3x3): 4 (fewer products) or 2 (more accurate).
 struct Problem {
   int64_t n = 0, c = 0, h = 0, w = 0, o = 0;
   int64_t x_block = 0, y_block = 0;
   int64_t lanes = 0;
+  int64_t tile = 4;
 };
 
-// Whether the kernel can run `p` on this CPU: its instruction set present, even h and w, channel
-// counts and blocks in whole vectors.
+// Whether the kernel can run `p` on this CPU: its instruction set present, a tile size it has,
+// channel counts and blocks in whole vectors.
 bool fits(const Problem& p);
 
 // y = conv(x, w) + b (b may be null); w is OIHW.

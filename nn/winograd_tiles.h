@@ -1,23 +1,25 @@
-// The inner loops of Winograd's F(2x2, 3x3) (Note [Winograd F(2x2, 3x3)] in nn/winograd.cpp), for
-// one chunk of output tiles. nn/winograd.cpp includes this file once per instruction set, inside
-// a namespace that defines kLanes (floats per vector register) and under a `#pragma GCC target`
-// that lets the compiler use those registers; `vec`, `splat` and `fma` come from there too.
-// Everything here works on whole vectors of channels, so channel counts are multiples of kLanes.
+// The inner loops of Winograd's F(m x m, 3x3) for m = 2 and 4 (Note [Winograd F(m x m, 3x3)] in
+// nn/winograd.cpp), for one chunk of output tiles. nn/winograd.cpp includes this file once per
+// instruction set, inside a namespace that defines kLanes (floats per vector register) and under
+// a `#pragma GCC target` that lets the compiler use those registers; `vec`, `splat` and `fma`
+// come from there too. Everything here works on whole vectors of channels, so channel counts are
+// multiples of kLanes.
 //
-// Scratch layouts (one chunk of `rows` tiles, rows a multiple of kRows; tiles past the end of the
-// problem are zero):
-//   V  [16][rows][c]   the input tiles, transformed: B^T d B
-//   Gy [16][rows][o]   the output-gradient tiles, transformed: A gy A^T
-//   M  [16][rows][o]   their products with the weights, summed over the input channels
-// and the weights U [16][c][o] (G g G^T per pair of channels), from nn/winograd.cpp.
+// A tile is m x m outputs; its input patch has n = m + 2 rows and columns, so there are n * n
+// positions in the transformed domain. Scratch layouts (one chunk of `rows` tiles, rows a multiple
+// of kRows; tiles past the end of the problem are zero):
+//   V  [n*n][rows][c]   the input patches, transformed: B^T d B
+//   Gy [n*n][rows][o]   the output-gradient tiles, transformed: A gy A^T
+//   M  [n*n][rows][o]   their products with the weights, summed over the input channels
+// and the weights U [n*n][c][o] (G g G^T per pair of channels), from nn/winograd.cpp.
 
 // Tiles multiplied at once by one weight vector: enough independent sums to hide the latency of a
 // fused multiply-add on both kinds of core, few enough to stay in registers with AVX2's 16.
 constexpr int kRows = 8;
 
 // The distance between two positions of a scratch array: one cache line more than the tiles take,
-// so that the 16 positions of one tile do not fall into the same few sets of the level-1 cache
-// (with 32 tiles of 16 channels they would be 2 KiB apart, a power of two).
+// so that the positions of one tile do not fall into the same few sets of the level-1 cache (with
+// 32 tiles of 16 channels they would be 2 KiB apart, a power of two).
 inline int64_t position_stride(int rows, int64_t channels) {
   return rows * channels + 16;
 }
@@ -32,103 +34,162 @@ inline void store(float* p, vec v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-// Transforms the 4x4 input patch of each tile of the chunk into V. A patch reaches one pixel past
-// its 2x2 output tile on each side: the padding of 1, read as zeros. B^T d B is done in two
-// halves, B^T on each column of the patch, then B on each row of the result; neighbouring tiles
-// of an image row share two columns, so a tile that follows its left neighbour takes over that
-// one's last two transformed columns and loads only two new ones.
+// The one-dimensional transforms, overloaded on the sizes of their arrays: F(2, 3) works on 4
+// points, F(4, 3) on 6. Each is its matrix of Note [Winograd F(m x m, 3x3)] times a column of
+// vectors, its sums shared where rows repeat them.
+
+// t = B^T d
+inline void input_1d(const vec (&d)[4], vec (&t)[4]) {
+  t[0] = d[0] - d[2];
+  t[1] = d[1] + d[2];
+  t[2] = d[2] - d[1];
+  t[3] = d[1] - d[3];
+}
+
+inline void input_1d(const vec (&d)[6], vec (&t)[6]) {
+  const vec diff13 = d[1] - d[3], diff42 = d[4] - d[2];
+  t[0] = fma(splat(1.5F), diff13, fma(splat(-2), d[2], d[0] + d[4]));
+  t[1] = fma(splat(-0.5F), d[3], fma(splat(-2.5F), d[2], d[4] - d[1]));
+  t[2] = fma(splat(-2.5F), d[3], fma(splat(0.5F), d[2], d[4] + d[1]));
+  t[3] = fma(splat(-0.5F), diff13, diff42);
+  t[4] = fma(splat(2), diff13, diff42);
+  t[5] = fma(splat(1.5F), d[2] - d[4], fma(splat(-2), d[3], d[1] + d[5]));
+}
+
+// y = A^T m
+inline void output_1d(const vec (&m)[4], vec (&y)[2]) {
+  y[0] = m[0] + m[1] + m[2];
+  y[1] = m[1] - m[2] - m[3];
+}
+
+inline void output_1d(const vec (&m)[6], vec (&y)[4]) {
+  const vec sum12 = m[1] + m[2], diff12 = m[1] - m[2];
+  y[0] = m[0] + sum12 + m[3] + m[4];
+  y[1] = fma(splat(-0.5F), m[4], fma(splat(2), m[3], diff12));
+  y[2] = fma(splat(0.25F), m[4], fma(splat(4), m[3], sum12));
+  y[3] = fma(splat(-0.125F), m[4], fma(splat(8), m[3], diff12)) + m[5];
+}
+
+// h = A g
+inline void grad_1d(const vec (&g)[2], vec (&h)[4]) {
+  h[0] = g[0];
+  h[1] = g[0] + g[1];
+  h[2] = g[0] - g[1];
+  h[3] = -g[1];
+}
+
+inline void grad_1d(const vec (&g)[4], vec (&h)[6]) {
+  const vec even = g[0] + g[2], odd = g[1] + g[3];
+  h[0] = g[0];
+  h[1] = even + odd;
+  h[2] = even - odd;
+  h[3] = fma(splat(2), fma(splat(4), g[3], g[1]), fma(splat(4), g[2], g[0]));
+  h[4] = fma(splat(-0.5F), fma(splat(0.25F), g[3], g[1]), fma(splat(0.25F), g[2], g[0]));
+  h[5] = g[3];
+}
+
+// The second half of a two-dimensional transform, whose first half left the transformed columns
+// in cols[s]: row r of the result is element r of every column, transformed by `f`; it is stored
+// at positions n r .. n r + n - 1 of a scratch array (`pos_stride` floats apart).
+template <int S, int N, class F>
+inline void store_rows(const vec (&cols)[S][N], F f, float* out, int64_t pos_stride) {
+#pragma GCC unroll 6
+  for (int r = 0; r < N; ++r) {
+    vec row[S], tr[N];
+#pragma GCC unroll 6
+    for (int s = 0; s < S; ++s) row[s] = cols[s][r];
+    f(row, tr);
+#pragma GCC unroll 6
+    for (int q = 0; q < N; ++q) store(out + (N * r + q) * pos_stride, tr[q]);
+  }
+}
+
+// Transforms the n x n input patch of each tile of the chunk into V. A patch reaches one pixel
+// past its m x m output tile on each side: the padding of 1, read as zeros, as is everything past
+// the image's edge. B^T d B is done in two halves, B^T on each column of the patch, then B on
+// each row of the result; neighbouring tiles of an image row share two columns, so a tile that
+// follows its left neighbour takes over that one's last two transformed columns and loads only
+// m new ones.
+template <int M>
 inline void transform_inputs(const Activations& x, const Tiles& tiles, int64_t first, int rows,
                              float* v) {
+  constexpr int N = M + 2;
   const int64_t c = x.c;
   const int64_t pos_stride = position_stride(rows, c);
   const int64_t dx = x.dx(), dy = x.dy();
   for (int64_t ch = 0; ch < c; ch += kLanes) {
-    vec e[4][4] = {};  // B^T d: e[.][s] from column s of the patch
+    vec e[N][N] = {};  // B^T d, e[s] from column s of the patch
     Tile prev{0, 0, 0, false};
     Tile t = tiles.at(first);
     for (int i = 0; i < rows; ++i, prev = t, t = tiles.next(t)) {
-      bool row_in[4];  // which rows of the patch lie in the image
-      for (int r = 0; r < 4; ++r) row_in[r] = t.valid && t.y - 1 + r >= 0 && t.y - 1 + r < x.h;
+      bool row_in[N];  // which rows of the patch lie in the image
+      for (int r = 0; r < N; ++r) row_in[r] = t.valid && t.y - 1 + r >= 0 && t.y - 1 + r < x.h;
       // The patch's top left pixel, which may lie in the padding: only pixels inside are read.
       const float* at = x.at(t.n, ch, t.y, t.x) - dy - dx;
       auto column = [&](int s) {
         const bool in = t.x - 1 + s >= 0 && t.x - 1 + s < x.w;
-        vec d[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) d[r] = in && row_in[r] ? load(at + r * dy + s * dx) : vec{};
-        e[0][s] = d[0] - d[2];
-        e[1][s] = d[1] + d[2];
-        e[2][s] = d[2] - d[1];
-        e[3][s] = d[1] - d[3];
+        vec d[N];
+#pragma GCC unroll 6
+        for (int r = 0; r < N; ++r) d[r] = in && row_in[r] ? load(at + r * dy + s * dx) : vec{};
+        input_1d(d, e[s]);
       };
       const bool follows = t.valid && prev.valid && t.n == prev.n && t.y == prev.y;
       if (follows) {
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          e[r][0] = e[r][2];
-          e[r][1] = e[r][3];
-        }
+        std::memcpy(e[0], e[M], sizeof e[0]);
+        std::memcpy(e[1], e[M + 1], sizeof e[1]);
       } else {
         column(0);
         column(1);
       }
-      column(2);
-      column(3);
-      float* out = v + static_cast<int64_t>(i) * c + ch;
 #pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {  // (B^T d) B
-        store(out + (4 * r + 0) * pos_stride, e[r][0] - e[r][2]);
-        store(out + (4 * r + 1) * pos_stride, e[r][1] + e[r][2]);
-        store(out + (4 * r + 2) * pos_stride, e[r][2] - e[r][1]);
-        store(out + (4 * r + 3) * pos_stride, e[r][1] - e[r][3]);
-      }
+      for (int s = 2; s < N; ++s) column(s);
+      // (B^T d) B
+      store_rows(
+          e, [](const vec(&a)[N], vec(&b)[N]) { input_1d(a, b); },
+          v + static_cast<int64_t>(i) * c + ch, pos_stride);
     }
   }
 }
 
-// Transforms the 2x2 output-gradient tile of each tile of the chunk into Gy.
+// Transforms the m x m output-gradient tile of each tile of the chunk into Gy (zeros past the
+// image's edge).
+template <int M>
 inline void transform_output_grads(const Activations& gy, const Tiles& tiles, int64_t first,
                                    int rows, float* g) {
+  constexpr int N = M + 2;
   const int64_t o = gy.c;
   const int64_t pos_stride = position_stride(rows, o);
   Tile t = tiles.at(first);
   for (int i = 0; i < rows; ++i, t = tiles.next(t)) {
     for (int64_t ch = 0; ch < o; ch += kLanes) {
-      vec d[2][2] = {};
-      if (t.valid) {
-        const float* at = gy.at(t.n, ch, t.y, t.x);
-        d[0][0] = load(at);
-        d[0][1] = load(at + gy.dx());
-        d[1][0] = load(at + gy.dy());
-        d[1][1] = load(at + gy.dy() + gy.dx());
-      }
-      vec h[4][2];  // A d
-      for (int b = 0; b < 2; ++b) {
-        h[0][b] = d[0][b];
-        h[1][b] = d[0][b] + d[1][b];
-        h[2][b] = d[0][b] - d[1][b];
-        h[3][b] = -d[1][b];
-      }
-      float* out = g + static_cast<int64_t>(i) * o + ch;
+      vec h[M][N];  // A d, h[b] from column b of the tile
 #pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {  // (A d) A^T
-        store(out + (4 * r + 0) * pos_stride, h[r][0]);
-        store(out + (4 * r + 1) * pos_stride, h[r][0] + h[r][1]);
-        store(out + (4 * r + 2) * pos_stride, h[r][0] - h[r][1]);
-        store(out + (4 * r + 3) * pos_stride, -h[r][1]);
+      for (int b = 0; b < M; ++b) {
+        vec d[M];
+#pragma GCC unroll 4
+        for (int a = 0; a < M; ++a) {
+          const bool in = t.valid && t.y + a < gy.h && t.x + b < gy.w;
+          d[a] = in ? load(gy.at(t.n, ch, t.y, t.x) + a * gy.dy() + b * gy.dx()) : vec{};
+        }
+        grad_1d(d, h[b]);
       }
+      // (A d) A^T
+      store_rows(
+          h, [](const vec(&a)[M], vec(&b)[N]) { grad_1d(a, b); },
+          g + static_cast<int64_t>(i) * o + ch, pos_stride);
     }
   }
 }
 
-// M[pos] = V[pos] U[pos] for each of the 16 positions: a [rows x c] by [c x o] product, done as
-// kRows tiles by one vector of output channels at a time, each input channel's weights loaded
-// once and multiplied into every tile. kC is c when known at compile time (the loop over the
-// channels then unrolls completely), else 0.
-template <int kC>
+// M[pos] = V[pos] U[pos] for each position: a [rows x c] by [c x o] product, done as kRows tiles
+// by one vector of output channels at a time, each input channel's weights loaded once and
+// multiplied into every tile. kC is c when known at compile time (the loop over the channels then
+// unrolls completely), else 0. (Two vectors of output channels at once, sharing each broadcast,
+// measured the same with 32 and 64 channels on AVX-512.)
+template <int kPositions, int kC>
 inline void multiply_as(const float* v, const float* u, int rows, int64_t c, int64_t o, float* m) {
   if (kC != 0) c = kC;
-  for (int pos = 0; pos < 16; ++pos) {
+  for (int pos = 0; pos < kPositions; ++pos) {
     const float* vp = v + pos * position_stride(rows, c);
     const float* up = u + pos * c * o;
     float* mp = m + pos * position_stride(rows, o);
@@ -149,20 +210,24 @@ inline void multiply_as(const float* v, const float* u, int rows, int64_t c, int
   }
 }
 
+template <int M>
 inline void multiply(const float* v, const float* u, int rows, int64_t c, int64_t o, float* m) {
+  constexpr int kPositions = (M + 2) * (M + 2);
   if (c == 16) {
-    multiply_as<16>(v, u, rows, c, o, m);
+    multiply_as<kPositions, 16>(v, u, rows, c, o, m);
   } else {
-    multiply_as<0>(v, u, rows, c, o, m);
+    multiply_as<kPositions, 0>(v, u, rows, c, o, m);
   }
 }
 
 // S[pos] += V[pos]^T Gy[pos] for each position: the weight gradient of the chunk, still in the
 // transformed domain. A [c x rows] by [rows x o] product: kRows input channels by one vector of
 // output channels at a time, summed over the chunk's tiles in registers.
+template <int M>
 inline void accumulate_weight_grads(const float* v, const float* g, int rows, int64_t c, int64_t o,
                                     float* s) {
-  for (int pos = 0; pos < 16; ++pos) {
+  constexpr int kPositions = (M + 2) * (M + 2);
+  for (int pos = 0; pos < kPositions; ++pos) {
     const float* vp = v + pos * position_stride(rows, c);
     const float* gp = g + pos * position_stride(rows, o);
     float* sp = s + pos * c * o;
@@ -184,39 +249,41 @@ inline void accumulate_weight_grads(const float* v, const float* g, int rows, in
   }
 }
 
-// y = A^T M A (+ bias) for each tile of the chunk: the 2x2 outputs, written into y.
+// y = A^T M A (+ bias) for each tile of the chunk: the m x m outputs, written into y where they
+// lie inside it.
+template <int M>
 inline void transform_outputs(const float* m, const float* bias, const Tiles& tiles, int64_t first,
                               int rows, const Activations& y) {
+  constexpr int N = M + 2;
   const int64_t o = y.c;
   const int64_t pos_stride = position_stride(rows, o);
   Tile t = tiles.at(first);
   for (int i = 0; i < rows && t.valid; ++i, t = tiles.next(t)) {
     for (int64_t ch = 0; ch < o; ch += kLanes) {
       const float* in = m + static_cast<int64_t>(i) * o + ch;
-      vec f[2][4];  // A^T M
+      vec f[N][M];  // A^T M, f[s] from column s
+#pragma GCC unroll 6
+      for (int s = 0; s < N; ++s) {
+        vec col[N];
+#pragma GCC unroll 6
+        for (int r = 0; r < N; ++r) col[r] = load(in + (N * r + s) * pos_stride);
+        output_1d(col, f[s]);
+      }
+      const vec b = bias != nullptr ? load(bias + ch) : vec{};
+      float* at = y.at(t.n, ch, t.y, t.x);
 #pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        const vec m0 = load(in + s * pos_stride), m1 = load(in + (4 + s) * pos_stride);
-        const vec m2 = load(in + (8 + s) * pos_stride), m3 = load(in + (12 + s) * pos_stride);
-        f[0][s] = m0 + m1 + m2;
-        f[1][s] = m1 - m2 - m3;
-      }
-      vec out[2][2];  // (A^T M) A
-      for (int a = 0; a < 2; ++a) {
-        out[a][0] = f[a][0] + f[a][1] + f[a][2];
-        out[a][1] = f[a][1] - f[a][2] - f[a][3];
-      }
-      if (bias != nullptr) {
-        const vec b = load(bias + ch);
-        for (auto& row : out) {
-          for (vec& o : row) o += b;
+      for (int a = 0; a < M; ++a) {  // (A^T M) A, row a of the tile
+        vec row[N], out[M];
+#pragma GCC unroll 6
+        for (int s = 0; s < N; ++s) row[s] = f[s][a];
+        output_1d(row, out);
+#pragma GCC unroll 4
+        for (int q = 0; q < M; ++q) {
+          if (t.y + a < y.h && t.x + q < y.w) {
+            store(at + a * y.dy() + q * y.dx(), bias != nullptr ? out[q] + b : out[q]);
+          }
         }
       }
-      float* at = y.at(t.n, ch, t.y, t.x);
-      store(at, out[0][0]);
-      store(at + y.dx(), out[0][1]);
-      store(at + y.dy(), out[1][0]);
-      store(at + y.dy() + y.dx(), out[1][1]);
     }
   }
 }
