@@ -244,27 +244,26 @@ constexpr int64_t kWinogradMinChannels = 32;
 // three passes so (1.016x).
 constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 
-// Note [Winograd where oneDNN has none]
-// oneDNN 2.6 runs 3x3 convolutions directly below 32 channels (resnet20's 16-channel stage) and on
-// CPUs without AVX-512 (every stage). There our own F(4x4, 3x3) (Note [Winograd F(m x m, 3x3)] in
-// nn/winograd.cpp) takes over, and on AVX-512 also from oneDNN's F(4x4, 3x3) with 32 channels,
-// where it was faster; with 64 channels oneDNN's stays. Float32, 3x3, stride 1, padding 1, the
-// activations channels-last or blocked in whole vector registers (an NCHW call runs oneDNN's
-// kernel); oneDNN's primitives are still built, for the layouts they choose.
+// Note [Winograd of our own]
+// Every float32 3x3, stride-1, padding-1 convolution whose activations are channels-last or
+// blocked in whole vector registers runs our own F(4x4, 3x3) (Note [Winograd F(m x m, 3x3)] in
+// nn/winograd.cpp): where oneDNN 2.6 would run it directly (below 32 channels, and on CPUs without
+// AVX-512 every stage) and where it would run its own F(4x4, 3x3), which was no faster. So every
+// CPU kind runs the same algorithm, and the AVX-512 and AVX2 forms give the same bits. An NCHW
+// call, other paddings and strides, bfloat16 and DDPLAB_CONV_ALGO=onednn keep oneDNN's kernels;
+// its primitives are built in any case, for the layouts they choose.
 //
 // Measured 2026-12-07 on an AMD EPYC (Zen 4), batch 128, 2 threads, ms per call forward / backward
 // data / backward weights, oneDNN vs ours, each best of 12 rounds of 10 calls on the same arrays:
-//   AVX-512, 16 channels at 32x32 (oneDNN direct):   2.70 / 2.54 / 2.60  vs  1.37 / 1.38 / 1.46
-//   AVX-512, 32 at 16x16 (oneDNN's Winograd):        1.69 / 1.67 / 1.62  vs  1.10 / 1.10 / 1.13
-//   AVX-512, 64 at 8x8 (oneDNN's Winograd):          1.13 / 1.12 / 1.30  vs  1.38 / 1.39 / 1.56
-//   AVX2 (ONEDNN_MAX_CPU_ISA=AVX2; oneDNN direct):  16: 4.02 / 3.38 / 3.80 vs 1.79 / 1.76 / 1.79;
-//     32: 2.86 / 2.74 / 3.22 vs 1.40 / 1.39 / 1.64; 64: 2.67 / 2.51 / 3.14 vs 1.62 / 1.64 / 1.75.
-// In a network the activations come from memory rather than cache and each call takes ~0.5 ms
-// more. resnet20's step (bench_train, batch 128, 2 threads, 3 interleaved rounds): 128.5 ms with
-// oneDNN's kernels only (DDPLAB_CONV_ALGO=onednn), 113.2 with ours at 16 channels, 107.5 with ours
-// at 16 and 32; with oneDNN limited to AVX2, 201 vs 136.
-constexpr int64_t kOneDnnWinogradFromChannels = 64;
-
+//   AVX-512, 16 channels at 32x32 (oneDNN direct):   2.69 / 2.54 / 2.60  vs  1.39 / 1.42 / 1.47
+//   AVX-512, 32 at 16x16 (oneDNN's Winograd):        1.70 / 1.67 / 1.68  vs  1.01 / 1.01 / 1.16
+//   AVX-512, 64 at 8x8 (oneDNN's Winograd):          1.11 / 1.12 / 1.32  vs  0.90 / 0.91 / 1.05
+//   AVX2 (ONEDNN_MAX_CPU_ISA=AVX2; oneDNN direct):  16: 4.12 / 3.48 / 3.87 vs 1.81 / 1.82 / 1.81;
+//     32: 2.92 / 2.79 / 3.25 vs 1.53 / 1.33 / 1.57; 64: 2.67 / 2.51 / 3.14 vs 1.16 / 1.16 / 1.38.
+// In a network the activations come from memory rather than cache, and each call takes longer.
+// resnet20's step (bench_train, batch 128, 2 threads, 3 interleaved rounds, medians): 129.6 ms
+// with oneDNN's kernels only (DDPLAB_CONV_ALGO=onednn), 105.8 with ours (0.82x); with oneDNN
+// limited to AVX2, 185.3 vs 130.3 (0.70x).
 bool own_winograd_pays(const Conv2dParams& p, ConvTypes types, ConvAlgorithm algo) {
   return algo == ConvAlgorithm::Auto && types.prec == Precision::Float32 &&
          types.x == Element::Float32 && types.y == Element::Float32 && p.kh == 3 && p.kw == 3 &&
@@ -335,7 +334,7 @@ struct ConvPrimitives {
   ConvAlgorithm algo;         // the setting they were built under
   bool winograd;              // asked for (winograd_pays)
   bool fwd_winograd = false;  // what forward got
-  bool own_winograd = false;  // ours instead (Note [Winograd where oneDNN has none])
+  bool own_winograd = false;  // ours instead (Note [Winograd of our own])
   bool y_nhwc = false;        // y and gy as the caller holds them: NHWC, else NCHW
   memory::dims strides, dilates, pad_l, pad_r;
   memory::desc x_plain, w_plain, b_plain, y_plain;
@@ -411,9 +410,7 @@ struct ConvPrimitives {
     fwd_y = Arg(y_plain, fwd_pd.dst_desc(), false);
     fwd_x_b = blocked_twin(fwd_x, true);
     fwd_y_b = blocked_twin(fwd_y, false);
-    own_winograd =
-        own_winograd_pays(p, types, algo) &&
-        !(fwd_winograd && p.c >= kOneDnnWinogradFromChannels && p.o >= kOneDnnWinogradFromChannels);
+    own_winograd = own_winograd_pays(p, types, algo);
   }
 
   void build_backward_data() {
@@ -597,7 +594,7 @@ int64_t block_for(const memory::desc& plain, const memory::desc& prim, int64_t c
 
 namespace {
 
-// Our Winograd's view of one call (Note [Winograd where oneDNN has none]), or nothing where it does
+// Our Winograd's view of one call (Note [Winograd of our own]), or nothing where it does
 // not run: the setting or the shape rule it out, or an array is NCHW (block 0, not NHWC). `x_block`
 // and `y_block` are the blocks the call was handed (0: laid out as `x_nhwc` and cp.y_nhwc say).
 std::optional<winograd::Problem> own_winograd_problem(const ConvPrimitives& cp, int64_t x_block,

@@ -63,7 +63,7 @@ namespace ddplab::nn::winograd {
 // directly at the machine's multiply-add peak, and below AVX-512 every stage did, so only fewer
 // multiplications could make them faster. Here a 16x16 product per position is a register-sized
 // job: 16 input channels by one vector of 16 output channels (AVX-512; two vectors of 8 with AVX2).
-// Which convolutions run it: Note [Winograd where oneDNN has none] in nn/onednn.cpp.
+// Which convolutions run it: Note [Winograd of our own] in nn/onednn.cpp.
 //
 // Backward data is the forward of gy with the filters turned: channels in and out swapped and
 // each 3x3 filter rotated by 180 degrees (padding 1 stays 1). Backward weights is the same
@@ -177,6 +177,10 @@ struct Kernels {
   void (*accumulate_weight_grads)(const float*, const float*, int, int64_t, int64_t, float*);
   void (*transform_outputs)(const float*, const float*, const Tiles&, int64_t, int,
                             const Activations&);
+  void (*transform_filters)(const float*, int, const float*, int64_t, int64_t, int64_t, int64_t,
+                            float*);
+  void (*filters_from_sums)(const float*, int, const float*, int64_t, int64_t, int64_t, int64_t,
+                            float*);
 };
 
 template <int M>
@@ -187,14 +191,18 @@ Kernels kernels_for(int64_t lanes) {
             avx512::transform_output_grads<M>,
             avx512::multiply<M>,
             avx512::accumulate_weight_grads<M>,
-            avx512::transform_outputs<M>};
+            avx512::transform_outputs<M>,
+            avx512::transform_filters,
+            avx512::filters_from_sums};
   }
   return {M,
           avx2::transform_inputs<M>,
           avx2::transform_output_grads<M>,
           avx2::multiply<M>,
           avx2::accumulate_weight_grads<M>,
-          avx2::transform_outputs<M>};
+          avx2::transform_outputs<M>,
+          avx2::transform_filters,
+          avx2::filters_from_sums};
 }
 
 // The tile size a problem runs with (Problem::tile).
@@ -219,82 +227,76 @@ struct FilterMatrix<4> {
                                       {0, 0, 1}};
 };
 
-// U [n*n][in][out] from OIHW weights w [o][c][3][3], G g G^T per filter: for the forward (in = c,
-// out = o) or, turned, for backward data (in = o, out = c, each filter rotated by 180 degrees).
+// `count` floats, not zeroed: for arrays whose every element is written before it is read.
+std::unique_ptr<float[]> uninitialized(int64_t count) {
+  return std::unique_ptr<float[]>(new float[static_cast<size_t>(count)]);
+}
+
+// The filter transform as one matrix: element (n p + q) of G g G^T is sum_ij G[p][i] g[i][j]
+// G[q][j], so C[3 i + j][n p + q] = G[p][i] G[q][j] (computed in double, rounded once) maps the 9
+// taps to the n * n positions, and the same C read the other way maps the positions' sums of a
+// weight gradient back to the 9 taps.
 template <int M>
-std::vector<float> transform_weights(const float* w, int64_t o, int64_t c, bool turned) {
-  constexpr int N = M + 2;
-  const auto& kG = FilterMatrix<M>::kG;
-  const int64_t in = turned ? o : c, out = turned ? c : o;
-  std::vector<float> u(static_cast<size_t>(N * N * in * out));
-#pragma omp parallel for if (o * c > 256)
-  for (int64_t k = 0; k < o; ++k) {
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const float* f = w + (k * c + ch) * 9;
-      double gg[N][3];  // G g
-      for (int p = 0; p < N; ++p) {
-        for (int j = 0; j < 3; ++j) {
-          gg[p][j] = 0;
-          for (int i = 0; i < 3; ++i) {
-            gg[p][j] += kG[p][i] * (turned ? f[(2 - i) * 3 + (2 - j)] : f[i * 3 + j]);
+struct TapMatrix {
+  static constexpr int kPositions = (M + 2) * (M + 2);
+  float at[9 * kPositions];
+  TapMatrix() : at() {
+    constexpr int N = M + 2;
+    const auto& g = FilterMatrix<M>::kG;
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        for (int p = 0; p < N; ++p) {
+          for (int q = 0; q < N; ++q) {
+            at[(3 * i + j) * kPositions + N * p + q] = static_cast<float>(g[p][i] * g[q][j]);
           }
         }
       }
-      const int64_t row = turned ? k : ch, col = turned ? ch : k;
-      for (int p = 0; p < N; ++p) {
-        for (int q = 0; q < N; ++q) {  // (G g) G^T
-          const double t = gg[p][0] * kG[q][0] + gg[p][1] * kG[q][1] + gg[p][2] * kG[q][2];
-          u[static_cast<size_t>(((N * p + q) * in + row) * out + col)] = static_cast<float>(t);
-        }
+    }
+  }
+};
+
+const float* tap_matrix(int m) {
+  static const TapMatrix<2> two;
+  static const TapMatrix<4> four;
+  return m == 2 ? two.at : four.at;
+}
+
+// U [n*n][in][out] from OIHW weights w [o][c][3][3], G g G^T per filter: for the forward (in = c,
+// out = o) or, turned, for backward data (in = o, out = c, each filter rotated by 180 degrees:
+// its taps in reverse order). The taps are first laid out [in][9][out], so that the transform
+// runs on vectors of output channels.
+std::unique_ptr<float[]> transform_weights(const Kernels& k, const Problem& p, const float* w,
+                                           bool turned) {
+  const int positions = (k.m + 2) * (k.m + 2);
+  const int64_t in = turned ? p.o : p.c, out = turned ? p.c : p.o;
+  const std::unique_ptr<float[]> wt = uninitialized(in * 9 * out);
+  for (int64_t ko = 0; ko < p.o; ++ko) {
+    for (int64_t ch = 0; ch < p.c; ++ch) {
+      const int64_t row = turned ? ko : ch, col = turned ? ch : ko;
+      for (int t = 0; t < 9; ++t) {
+        wt[(row * 9 + t) * out + col] = w[(ko * p.c + ch) * 9 + (turned ? 8 - t : t)];
       }
     }
+  }
+  std::unique_ptr<float[]> u = uninitialized(positions * in * out);
+  const float* taps = tap_matrix(k.m);
+#pragma omp parallel for schedule(static) if (in * out > 1024)
+  for (int64_t row = 0; row < in; ++row) {
+    k.transform_filters(taps, positions, wt.get(), in, out, row, row + 1, u.get());
   }
   return u;
-}
-
-std::vector<float> transform_weights(const Problem& p, const float* w, bool turned) {
-  return p.tile == 2 ? transform_weights<2>(w, p.o, p.c, turned)
-                     : transform_weights<4>(w, p.o, p.c, turned);
-}
-
-// dw = G^T S G for each pair of channels, from the sums S [n*n][c][o].
-template <int M>
-void weight_grads_from_sums(const float* sums, int64_t o, int64_t c, float* gw) {
-  constexpr int N = M + 2;
-  const auto& kG = FilterMatrix<M>::kG;
-#pragma omp parallel for if (o * c > 256)
-  for (int64_t ko = 0; ko < o; ++ko) {
-    for (int64_t ch = 0; ch < c; ++ch) {
-      double sg[N][3] = {};  // S G
-      for (int p = 0; p < N; ++p) {
-        for (int q = 0; q < N; ++q) {
-          const double v = sums[static_cast<size_t>(((N * p + q) * c + ch) * o + ko)];
-          for (int j = 0; j < 3; ++j) sg[p][j] += v * kG[q][j];
-        }
-      }
-      float* f = gw + (ko * c + ch) * 9;
-      for (int i = 0; i < 3; ++i) {
-        for (int j = 0; j < 3; ++j) {  // G^T (S G)
-          double acc = 0;
-          for (int p = 0; p < N; ++p) acc += kG[p][i] * sg[p][j];
-          f[i * 3 + j] = static_cast<float>(acc);
-        }
-      }
-    }
-  }
 }
 
 // One chunk's V, Gy or M (nn/winograd_tiles.h) with `channels` per tile, left uninitialised: the
 // transforms write every float the products read.
 std::unique_ptr<float[]> scratch(int m, int64_t channels) {
-  return std::unique_ptr<float[]>(
-      new float[static_cast<size_t>((m + 2) * (m + 2) * avx2::position_stride(kChunk, channels))]);
+  return uninitialized((m + 2) * (m + 2) * avx2::position_stride(kChunk, channels));
 }
 
 // y = conv(x, U) + b over the tiles of n images: chunk after chunk, each thread with its own
 // scratch.
-void run_forward(const Kernels& k, int64_t n, const Activations& x, const std::vector<float>& u,
-                 const float* b, const Activations& y) {
+void run_forward(const Kernels& k, int64_t n, const Activations& x, const float* u, const float* b,
+                 const Activations& y) {
   const Tiles tiles(n, y.h, y.w, k.m);
   const int64_t chunks = (tiles.count() + kChunk - 1) / kChunk;
 #pragma omp parallel
@@ -303,7 +305,7 @@ void run_forward(const Kernels& k, int64_t n, const Activations& x, const std::v
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < chunks; ++i) {
       k.transform_inputs(x, tiles, i * kChunk, kChunk, v.get());
-      k.multiply(v.get(), u.data(), kChunk, x.c, y.c, m.get());
+      k.multiply(v.get(), u, kChunk, x.c, y.c, m.get());
       k.transform_outputs(m.get(), b, tiles, i * kChunk, kChunk, y);
     }
   }
@@ -327,13 +329,15 @@ bool fits(const Problem& p) {
 }
 
 void forward(const Problem& p, const float* x, const float* w, const float* b, float* y) {
-  run_forward(kernels_for(p), p.n, activations(x, p.c, p, p.x_block),
-              transform_weights(p, w, false), b, activations(y, p.o, p, p.y_block));
+  const Kernels k = kernels_for(p);
+  run_forward(k, p.n, activations(x, p.c, p, p.x_block), transform_weights(k, p, w, false).get(), b,
+              activations(y, p.o, p, p.y_block));
 }
 
 void backward_data(const Problem& p, const float* gy, const float* w, float* gx) {
-  run_forward(kernels_for(p), p.n, activations(gy, p.o, p, p.y_block),
-              transform_weights(p, w, true), nullptr, activations(gx, p.c, p, p.x_block));
+  const Kernels k = kernels_for(p);
+  run_forward(k, p.n, activations(gy, p.o, p, p.y_block), transform_weights(k, p, w, true).get(),
+              nullptr, activations(gx, p.c, p, p.x_block));
 }
 
 void backward_weights(const Problem& p, const float* x, const float* gy, float* gw, float* gb) {
@@ -365,10 +369,17 @@ void backward_weights(const Problem& p, const float* x, const float* gy, float* 
       for (int t = 1; t < threads; ++t) sums[i] += sums[per_thread * static_cast<size_t>(t) + i];
     }
   }
-  if (k.m == 2) {
-    weight_grads_from_sums<2>(sums.get(), p.o, p.c, gw);
-  } else {
-    weight_grads_from_sums<4>(sums.get(), p.o, p.c, gw);
+  // dw = G^T S G, first as [c][9][o] (vectors of output channels), then into OIHW.
+  const std::unique_ptr<float[]> gt = uninitialized(p.c * 9 * p.o);
+  const int positions = (k.m + 2) * (k.m + 2);
+#pragma omp parallel for schedule(static) if (p.c * p.o > 1024)
+  for (int64_t ch = 0; ch < p.c; ++ch) {
+    k.filters_from_sums(tap_matrix(k.m), positions, sums.get(), p.c, p.o, ch, ch + 1, gt.get());
+  }
+  for (int64_t ko = 0; ko < p.o; ++ko) {
+    for (int64_t ch = 0; ch < p.c; ++ch) {
+      for (int t = 0; t < 9; ++t) gw[(ko * p.c + ch) * 9 + t] = gt[(ch * 9 + t) * p.o + ko];
+    }
   }
   if (gb != nullptr) {
     for (int64_t ko = 0; ko < p.o; ++ko) {

@@ -287,3 +287,39 @@ inline void transform_outputs(const float* m, const float* bias, const Tiles& ti
     }
   }
 }
+
+// U[pos][row][.] = sum_t C[t][pos] wt[row][t][.] for rows [first, last): the filters in the
+// transformed domain, `taps` being C [9][positions] (TapMatrix in nn/winograd.cpp) and wt the
+// filters' taps with their output channels innermost, [rows][9][out].
+inline void transform_filters(const float* taps, int positions, const float* wt, int64_t rows,
+                              int64_t out, int64_t first, int64_t last, float* u) {
+  for (int pos = 0; pos < positions; ++pos) {
+    for (int64_t row = first; row < last; ++row) {
+      for (int64_t k = 0; k < out; k += kLanes) {
+        vec acc{};
+#pragma GCC unroll 9
+        for (int t = 0; t < 9; ++t) {
+          acc = fma(splat(taps[t * positions + pos]), load(wt + (row * 9 + t) * out + k), acc);
+        }
+        store(u + (pos * rows + row) * out + k, acc);
+      }
+    }
+  }
+}
+
+// gt[ch][t][.] = sum_pos C[t][pos] S[pos][ch][.] for input channels [first, last): weight
+// gradients back from the transformed domain, output channels innermost.
+inline void filters_from_sums(const float* taps, int positions, const float* s, int64_t c,
+                              int64_t o, int64_t first, int64_t last, float* gt) {
+  for (int64_t ch = first; ch < last; ++ch) {
+    for (int t = 0; t < 9; ++t) {
+      for (int64_t k = 0; k < o; k += kLanes) {
+        vec acc{};
+        for (int pos = 0; pos < positions; ++pos) {
+          acc = fma(splat(taps[t * positions + pos]), load(s + (pos * c + ch) * o + k), acc);
+        }
+        store(gt + (ch * 9 + t) * o + k, acc);
+      }
+    }
+  }
+}

@@ -189,7 +189,7 @@ TEST_CASE("conv2d: channels-last in and out on the CPU, the same numbers as row-
   // Note [Channels last]: a convolution whose oneDNN kernel writes NHWC returns its output
   // channels-last, and a channels-last input is read as it is. The kernels see the same data
   // either way, so the results are bit for bit those of row-major tensors. Our own Winograd
-  // (Note [Winograd where oneDNN has none]) reads channels-last inputs only, so it would run for
+  // (Note [Winograd of our own]) reads channels-last inputs only, so it would run for
   // one of the pair and not the other: oneDNN's kernels only here.
   using nn::onednn::ConvAlgorithm;
   const ConvAlgorithm before = nn::onednn::conv_algorithm();

@@ -214,6 +214,33 @@ TEST_CASE("winograd: forward, backward data and backward weights equal a direct 
   }
 }
 
+TEST_CASE("winograd: the AVX-512 and AVX2 forms give the same bits") {
+  // Each lane of a vector computes one channel with the same operations in the same order,
+  // whatever the vector's width: a model computes alike on both kinds of CPU.
+  const std::vector<int64_t> widths = cpu_lanes();
+  DDP_SKIP_IF(widths.size() < 2, "this CPU does not run both forms (it needs AVX-512)");
+  std::mt19937 rng(9);
+  const int64_t n = 3, c = 32, h = 12, w = 10, o = 16;
+  const std::vector<double> x = randoms(static_cast<size_t>(n * c * h * w), rng);
+  const std::vector<double> gy = randoms(static_cast<size_t>(n * o * h * w), rng);
+  const std::vector<double> wt = randoms(static_cast<size_t>(o * c * 9), rng);
+  const std::vector<float> wf(wt.begin(), wt.end());
+  const std::vector<float> xb = to_blocked(x, {n, c, h, w, c}),
+                           gyb = to_blocked(gy, {n, o, h, w, o});
+  std::vector<std::vector<float>> results[2];
+  for (int i = 0; i < 2; ++i) {
+    const W::Problem p{n, c, h, w, o, c, o, widths[static_cast<size_t>(i)]};
+    std::vector<float> y(gyb.size()), gx(xb.size()), gw(wf.size());
+    W::forward(p, xb.data(), wf.data(), nullptr, y.data());
+    W::backward_data(p, gyb.data(), wf.data(), gx.data());
+    W::backward_weights(p, xb.data(), gyb.data(), gw.data(), nullptr);
+    results[i] = {y, gx, gw};
+  }
+  CHECK(results[0][0] == results[1][0]);
+  CHECK(results[0][1] == results[1][1]);
+  CHECK(results[0][2] == results[1][2]);
+}
+
 TEST_CASE("winograd: runs only what it can: whole vectors of channels, a known width and tile") {
   const std::vector<int64_t> widths = cpu_lanes();
   DDP_SKIP_IF(widths.empty(), "this CPU has neither AVX-512 nor AVX2 with FMA");
