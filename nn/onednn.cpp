@@ -245,8 +245,8 @@ constexpr int64_t kWinogradMinChannels = 32;
 constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 
 // Note [Winograd of our own]
-// Every float32 3x3, stride-1, padding-1 convolution whose activations are channels-last or
-// blocked in whole vector registers runs our own F(4x4, 3x3) (Note [Winograd F(m x m, 3x3)] in
+// Every float32 3x3, stride-1, padding-1 convolution of up to 64 channels in and out whose
+// activations are channels-last or blocked in whole vector registers runs our own F(4x4, 3x3) (Note [Winograd F(m x m, 3x3)] in
 // nn/winograd.cpp): where oneDNN 2.6 would run it directly (below 32 channels, and on CPUs without
 // AVX-512 every stage) and where it would run its own F(4x4, 3x3), which was no faster. So every
 // CPU kind runs the same algorithm, and the AVX-512 and AVX2 forms give the same bits. An NCHW
@@ -264,11 +264,18 @@ constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 // resnet20's step (bench_train, batch 128, 2 threads, 3 interleaved rounds, medians): 129.6 ms
 // with oneDNN's kernels only (DDPLAB_CONV_ALGO=onednn), 105.8 with ours (0.82x); with oneDNN
 // limited to AVX2, 185.3 vs 130.3 (0.70x).
+// Each chunk of tiles multiplies by the weights of every position, 36 * c * o floats, which stay in
+// a core's level-2 cache up to 64 channels in and out (576 KiB). Beyond, the products stream them
+// from memory: with every layer on ours resnet18 (64 to 512 channels, batch 32) took 663 ms per
+// step against 351 with oneDNN's kernels (Zen 4, 2026-12-07), so wider convolutions keep oneDNN's.
+constexpr int64_t kOwnWinogradMaxChannelProduct = 64 * 64;
+
 bool own_winograd_pays(const Conv2dParams& p, ConvTypes types, ConvAlgorithm algo) {
-  return algo == ConvAlgorithm::Auto && types.prec == Precision::Float32 &&
-         types.x == Element::Float32 && types.y == Element::Float32 && p.kh == 3 && p.kw == 3 &&
-         p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 1 && p.pad_w == 1 && p.dil_h == 1 &&
-         p.dil_w == 1 && p.groups == 1;
+  return algo == ConvAlgorithm::Auto && p.c * p.o <= kOwnWinogradMaxChannelProduct &&
+         types.prec == Precision::Float32 && types.x == Element::Float32 &&
+         types.y == Element::Float32 && p.kh == 3 && p.kw == 3 && p.stride_h == 1 &&
+         p.stride_w == 1 && p.pad_h == 1 && p.pad_w == 1 && p.dil_h == 1 && p.dil_w == 1 &&
+         p.groups == 1;
 }
 
 ConvAlgorithm initial_algorithm() {
@@ -396,14 +403,15 @@ struct ConvPrimitives {
         },
         &fwd_winograd);
     fwd = dnnl::convolution_forward(fwd_pd);
-    // y's layout (conv2d_output_nhwc): NHWC where the kernel writes NHWC bytes or x is NHWC.
-    // Below AVX-512 also where it writes nChw8c: no 16-channel layer writes NHWC bytes there, so
-    // a network would stay NCHW after its stem and reorder every activation twice per layer; held
-    // NHWC, blocked activations take the kernel's bytes as they are.
+    // y's layout (conv2d_output_nhwc): NHWC where x is NHWC, or where the kernel writes NHWC
+    // bytes or whole blocks of nChw16c (nChw8c below AVX-512): held NHWC, blocked activations take
+    // the kernel's bytes as they are. Otherwise a network whose stem writes blocks (resnet20's
+    // 16 channels below AVX-512, resnet18's 64 on any CPU) would stay NCHW after it, reorder every
+    // activation twice per layer and miss our Winograd, which reads no NCHW.
     const memory::desc y_nhwc_desc({p.n, p.o, oh, ow}, y_type, tag::nhwc);
-    const bool writes_block8 =
-        activation_block() == 8 && p.o % 8 == 0 && fwd_pd.dst_desc() == blocked_desc(y_nhwc_desc);
-    y_nhwc = types.x_nhwc || writes_block8 || same_bytes_as_nhwc(y_nhwc_desc, fwd_pd.dst_desc());
+    const bool writes_blocks =
+        p.o % activation_block() == 0 && fwd_pd.dst_desc() == blocked_desc(y_nhwc_desc);
+    y_nhwc = types.x_nhwc || writes_blocks || same_bytes_as_nhwc(y_nhwc_desc, fwd_pd.dst_desc());
     y_plain = y_nhwc ? y_nhwc_desc : memory::desc({p.n, p.o, oh, ow}, y_type, tag::nchw);
     fwd_x = Arg(x_plain, fwd_pd.src_desc(), true);
     fwd_w = Arg(w_plain, fwd_pd.weights_desc(), true);
@@ -565,8 +573,8 @@ bool conv2d_output_nhwc(const Conv2dParams& p, ConvTypes types) {
   // NHWC loops are faster than its NCHW ones. resnet20 (channels-last from its first layer on),
   // float32, 2 threads, 6 interleaved rounds: median step 157 ms with every layer NHWC, 173 ms
   // with only the 16-channel ones (2026-12-03, AMD EPYC with AVX-512). A network that starts NCHW
-  // stays NCHW until a layer writes NHWC bytes (below AVX-512, nChw8c ones too: Note [Blocked
-  // activations]); a one-channel input counts as channels-last
+  // stays NCHW until a layer writes NHWC bytes or whole blocks (Note [Blocked activations]); a
+  // one-channel input counts as channels-last
   // (conv.cpp, counts_as_channels_last), so the small CNN runs channels-last too, pooling included.
   // The rule is applied where the primitives are built (ConvPrimitives::y_nhwc), which also lay out
   // y so.
