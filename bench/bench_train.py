@@ -19,12 +19,16 @@ Driver mode (what docs/benchmarks.md quotes):
         [--variants ddplab,torch+malloc,torch2+malloc] [--load 0,2]
         [--env-set default --env-set passive:OMP_WAIT_POLICY=passive]
 
-runs the programs interleaved (ddplab, torch, torch2, ddplab, torch, ...), each in a fresh
+runs the programs interleaved (ddplab, torch, torch2, torch2, torch, ddplab, ...: the order
+reverses every round, so that a drift of the shared machine hits all alike), each in a fresh
 process, `--rounds` times per cell (model, thread count, load, env set), and prints a table of
 medians with the ratio of each ddplab variant to the FASTER PyTorch of the same precision.
 "torch" is Debian's PyTorch 1.13 (/usr/bin/python3), "torch2" a current one from PyPI, run with
 the venv's python that scripts/pyvenv makes ($DDPLAB_VENV, default ~/.cache/ddplab/venv).
-A "+bf16" suffix runs with --amp bf16. "+malloc" runs with glibc told to keep freed memory
+A "+bf16" suffix runs with --amp bf16. "@DIR" after a ddplab variant runs the bench_train of
+the build folder DIR instead of --bin: `--variants ddplab@build-a,ddplab@build-b` puts two builds
+side by side (say, two oneDNN versions), and the driver then also prints each build's step time
+over the first's. "+malloc" runs with glibc told to keep freed memory
 (MALLOC_MMAP_MAX_=0, a large MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_): without it glibc hands
 large freed blocks back to the OS and PyTorch faults fresh pages in every step
 (/work/shared/toolchain.md), which ddplab's caching allocator avoids by design.
@@ -129,12 +133,21 @@ MODIFIERS = ("malloc", "bf16")
 
 
 def parse_variant(name):
-    """"torch2+malloc+bf16" -> ("torch2", {"malloc", "bf16"}), checked."""
-    program, *mods = name.split("+")
+    """"torch2+malloc+bf16" -> ("torch2", {"malloc", "bf16"}), checked. A ddplab variant may name
+    its build folder after "@" (variant_build)."""
+    program, *mods = name.partition("@")[0].split("+")
     if program not in PROGRAMS or any(m not in MODIFIERS for m in mods):
         raise SystemExit(f"bench_train.py: unknown variant '{name}': a program of "
-                         f"{'/'.join(PROGRAMS)} with optional +malloc and +bf16")
+                         f"{'/'.join(PROGRAMS)} with optional +malloc and +bf16 (ddplab also "
+                         f"@BUILD_DIR)")
+    if "@" in name and program != "ddplab":
+        raise SystemExit(f"bench_train.py: variant '{name}': only ddplab takes @BUILD_DIR")
     return program, set(mods)
+
+
+def variant_build(name):
+    """"ddplab+bf16@build-dnnl3" -> "build-dnnl3"; "" where the variant names no build."""
+    return name.partition("@")[2]
 
 
 def parse_env_set(spec):
@@ -165,7 +178,8 @@ def run_one(variant, args, model, threads, env_set):
     if "bf16" in mods:
         common += ["--amp", "bf16"]
     if program == "ddplab":
-        cmd = [args.bin] + common
+        build = variant_build(variant)
+        cmd = [os.path.join(build, "bench", "bench_train") if build else args.bin] + common
     else:
         cmd = [torch_python(program), os.path.abspath(__file__)] + common
     env = dict(os.environ)
@@ -215,7 +229,9 @@ def driver(args):
     for r in range(args.rounds):
         for cell in cells:
             model, threads, load, env_name = cell
-            for v in variants:  # interleaved: every variant once per round and cell
+            # Interleaved: every variant once per round and cell, in reverse order every other
+            # round (A B, B A, ...).
+            for v in (variants if r % 2 == 0 else variants[::-1]):
                 with CompetingLoad(load):
                     out = run_one(v, args, model, threads, dict(env_sets)[env_name])
                 versions[parse_variant(v)[0]] = out.get("version", "")
@@ -249,6 +265,20 @@ def driver(args):
             row.append(f"{m[v][0] / m[ref][0]:.2f} ({ref})" if ref else "-")
         model, threads, load, env_name = cell
         print(f"| {model} | {threads} | {load} | {env_name or '-'} | " + " | ".join(row) + " |")
+
+    # Builds side by side (ddplab@DIR variants of one precision): each over the first.
+    builds = [v for v in ours if variant_build(v)]
+    for bf16 in (False, True):
+        same = [v for v in builds if ("bf16" in parse_variant(v)[1]) == bf16]
+        if len(same) < 2:
+            continue
+        print(f"\nstep time ratio, build X / {same[0]} (same run):")
+        print("| model | threads | load | env | " + " | ".join(same[1:]) + " |")
+        print("|" + "---|" * (4 + len(same) - 1))
+        for cell in cells:
+            ratios = [f"{meds[(cell, v)][0] / meds[(cell, same[0])][0]:.2f}" for v in same[1:]]
+            print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {cell[3] or '-'} | "
+                  + " | ".join(ratios) + " |")
 
     # The A/B ratios of the same program: each env set against the first, at the same load; and
     # each load against the first, in the same env set.

@@ -210,7 +210,8 @@ Kernels kernels_for(const Problem& p) {
   return p.tile == 2 ? kernels_for<2>(p.lanes) : kernels_for<4>(p.lanes);
 }
 
-// G of F(m x m, 3x3), n x 3, in double: the filters are transformed in double and rounded once.
+// G of F(m x m, 3x3), n x 3, exact in double (1/3 and 1/15 are not in float32); TapMatrix below
+// is built from it in double and rounded once.
 template <int M>
 struct FilterMatrix;
 template <>
