@@ -9,6 +9,13 @@ float64, the way the kernel rounds (G applied in float64 and rounded once, B^T a
 
     ~/.cache/ddplab/venv/bin/python bench/winograd_points.py            # the usual and ours
     ~/.cache/ddplab/venv/bin/python bench/winograd_points.py --search   # every pair from a list
+    ~/.cache/ddplab/venv/bin/python bench/winograd_points.py --bf16     # with bfloat16 operands
+
+--bf16 asks whether a bfloat16 Winograd could keep PyTorch's bfloat16 accuracy: it compares a
+direct convolution of bfloat16-rounded activations and weights (float32 sums, what autocast's
+convolutions do) with F(2x2, 3x3) and F(4x4, 3x3) whose transformed tiles and filters are also
+rounded to bfloat16 before they are multiplied (what a kernel built on AVX512-BF16's dot products
+would have to do).
 
 Needs numpy (the test venv of scripts/pyvenv has it).
 """
@@ -69,6 +76,23 @@ def matrices(points):
     return at, g, bt
 
 
+def to_bf16(a):
+    """float32 -> the nearest bfloat16 (ties to even), held in float32."""
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def correlate(d, w, m):
+    """The m x m outputs of 3-tap correlations of tiles d [b, c, m+2, m+2] with w [c, 3, 3], in
+    the dtype of d."""
+    y = np.zeros((d.shape[0], m, m), dtype=d.dtype)
+    for a in range(m):
+        for b in range(m):
+            y[:, a, b] = np.einsum("bcij,cij->b", d[:, :, a:a + R, b:b + R], w.astype(d.dtype))
+    return y
+
+
 def float32_error(at, g, bt, tiles=2000, channels=16, seed=0):
     """Mean and largest error of F(4x4, 3x3) in float32 over random tiles, relative to the
     largest output of each batch of 100 tiles."""
@@ -84,13 +108,50 @@ def float32_error(at, g, bt, tiles=2000, channels=16, seed=0):
         v = np.einsum("ij,bcjk,lk->bcil", bt32, d, bt32).astype(f32)
         prod = np.einsum("bcij,cij->bij", v, u).astype(f32)
         y = np.einsum("ij,bjk,lk->bil", at32, prod, at32).astype(f32)
-        ref = np.zeros((100, M, M))
-        for a in range(M):
-            for b in range(M):
-                patch = d[:, :, a:a + R, b:b + R].astype(np.float64)
-                ref[:, a, b] = np.einsum("bcij,cij->b", patch, w.astype(np.float64))
+        ref = correlate(d.astype(np.float64), w, M)
         errors.append(np.abs(y - ref).max() / np.abs(ref).max())
     return float(np.mean(errors)), float(np.max(errors))
+
+
+def bf16_error(mats, m, channels=16, tiles=3000, seed=0):
+    """Root-mean-square error relative to the outputs' of one bfloat16 convolution of random
+    tiles against float64 on the unrounded operands: direct if `mats` is None, else Winograd with
+    (A^T, G, B^T) = mats."""
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    num = den = 0.0
+    for _ in range(tiles // 100):
+        d = rng.standard_normal((100, channels, m + 2, m + 2)).astype(f32)
+        w = (rng.standard_normal((channels, R, R)) * 0.3).astype(f32)
+        ref = correlate(d.astype(np.float64), w, m)
+        db, wb = to_bf16(d), to_bf16(w)
+        if mats is None:
+            y = correlate(db, wb, m)
+        else:
+            at, g, bt = (np.array(x, dtype=np.float64) for x in mats)
+            u = to_bf16((g @ wb.astype(np.float64) @ g.T).astype(f32))
+            v = to_bf16(np.einsum("ij,bcjk,lk->bcil", bt.astype(f32), db, bt.astype(f32)))
+            prod = np.einsum("bcij,cij->bij", v, u).astype(f32)
+            y = np.einsum("ij,bjk,lk->bil", at.astype(f32), prod, at.astype(f32))
+        num += float(((y - ref) ** 2).sum())
+        den += float((ref ** 2).sum())
+    return (num / den) ** 0.5
+
+
+def show_bf16():
+    f22 = ([[1, 1, 1, 0], [0, 1, -1, -1]],
+           [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+           [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
+    direct = bf16_error(None, 4)
+    print("bfloat16 operands, 16 channels, rms error relative to the outputs':")
+    print("  %-33s %.2e" % ("direct (autocast's)", direct))
+    ours = matrices([0, 1, -1, 2, Fr(-1, 2)])
+    usual = matrices([0, 1, -1, 2, -2])
+    for name, mats, m in (("F(2x2, 3x3)", f22, 2),
+                          ("F(4x4, 3x3) on 0, 1, -1, 2, -1/2", ours, 4),
+                          ("F(4x4, 3x3) on 0, 1, -1, 2, -2", usual, 4)):
+        err = bf16_error(tuple([[float(x) for x in row] for row in mat] for mat in mats), m)
+        print("  %-33s %.2e (%.1fx direct)" % (name, err, err / direct))
 
 
 def show(points):
@@ -108,7 +169,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--search", action="store_true",
                     help="try every pair of extra points from +-1/4 .. +-4 beside 0, 1, -1")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bfloat16 operands: direct against Winograd F(2x2) and F(4x4)")
     args = ap.parse_args()
+    if args.bf16:
+        show_bf16()
+        return
     if not args.search:
         show([0, 1, -1, 2, -2])
         show([0, 1, -1, 2, Fr(-1, 2)])
