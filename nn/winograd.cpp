@@ -63,7 +63,10 @@ namespace ddplab::nn::winograd {
 // directly at the machine's multiply-add peak, and below AVX-512 every stage did, so only fewer
 // multiplications could make them faster. Here a 16x16 product per position is a register-sized
 // job: 16 input channels by one vector of 16 output channels (AVX-512; two vectors of 8 with AVX2).
-// Which convolutions run it: Note [Winograd of our own] in nn/onednn.cpp.
+// Which convolutions run it: Note [Winograd of our own] in nn/onednn.cpp. Float32 only: in
+// bfloat16 the transformed tiles and filters would be rounded to 8 bits as well, which the
+// transforms magnify (F(4x4, 3x3): 6.7x the error of a direct bfloat16 convolution,
+// `bench/winograd_points.py --bf16`), so bfloat16 convolutions stay with oneDNN.
 //
 // Backward data is the forward of gy with the filters turned: channels in and out swapped and
 // each 3x3 filter rotated by 180 degrees (padding 1 stays 1). Backward weights is the same
