@@ -30,12 +30,16 @@ Tensor zero_like_scalar(const Tensor& g) {
 }  // namespace
 
 // --- binary, tensor (op) tensor ---------------------------------------------------------------
+//
+// A backward closure names what it keeps: the operands' shapes and dtypes (for reduce_grad), never
+// the operands themselves. Tensors it needs come through `saved` (record's fourth argument), which
+// release_saved() frees after a backward without retain_graph; a tensor captured by the closure
+// would live as long as the graph node (autograd/function_node.h).
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
   return record("AddBackward", ops::add(a, b, alpha), {a, b}, {},
-                [=](const Tensor& g, const Saved&, const Needs& n) {
+                [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype(), alpha](
+                    const Tensor& g, const Saved&, const Needs& n) {
                   Grads r(2);
                   if (n[0]) r[0] = reduce_grad(g, sa, ta);
                   if (n[1]) r[1] = reduce_grad(alpha == 1 ? g : ops::mul(g, alpha), sb, tb);
@@ -48,10 +52,9 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
   return record("MulBackward", ops::mul(a, b), {a, b}, {a, b},
-                [=](const Tensor& g, const Saved& s, const Needs& n) {
+                [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](
+                    const Tensor& g, const Saved& s, const Needs& n) {
                   Grads r(2);
                   if (n[0]) r[0] = reduce_grad(ops::mul(g, s[1]), sa, ta);
                   if (n[1]) r[1] = reduce_grad(ops::mul(g, s[0]), sb, tb);
@@ -60,12 +63,11 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
   Tensor out = ops::div(a, b);
   // d(a/b)/db = -a/b^2 = -out/b, so saving out and b covers both inputs.
   return record("DivBackward", out, {a, b}, {b, out},
-                [=](const Tensor& g, const Saved& s, const Needs& n) {
+                [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](
+                    const Tensor& g, const Saved& s, const Needs& n) {
                   Grads r(2);
                   Tensor g_over_b = ops::div(g, s[0]);
                   if (n[0]) r[0] = reduce_grad(g_over_b, sa, ta);
@@ -75,11 +77,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
   Tensor out = ops::pow(a, b);
   return record("PowBackward", out, {a, b}, {a, b, out},
-                [=](const Tensor& g, const Saved& s, const Needs& n) {
+                [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](
+                    const Tensor& g, const Saved& s, const Needs& n) {
                   Grads r(2);
                   if (n[0]) {  // b * a^(b-1) * g
                     Tensor d = ops::mul(s[1], ops::pow(s[0], ops::sub(s[1], 1.0)));
@@ -100,19 +101,18 @@ namespace {
 // and ties split it in half (as PyTorch does).
 Tensor record_extremum(const char* name, bool is_max, const Tensor& a, const Tensor& b,
                        Tensor out) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
-  return record(
-      name, std::move(out), {a, b}, {a, b}, [=](const Tensor& g, const Saved& s, const Needs& n) {
-        // Weight of a: 1 where a wins, 1/2 on ties, 0 elsewhere; b gets the rest.
-        Tensor a_wins = is_max ? ops::gt(s[0], s[1]) : ops::lt(s[0], s[1]);
-        Tensor wa =
-            ops::add(ops::to(a_wins, g.dtype()), ops::to(ops::eq(s[0], s[1]), g.dtype()), 0.5);
-        Grads r(2);
-        if (n[0]) r[0] = reduce_grad(ops::mul(g, wa), sa, ta);
-        if (n[1]) r[1] = reduce_grad(ops::mul(g, ops::rsub(wa, 1.0)), sb, tb);
-        return r;
-      });
+  return record(name, std::move(out), {a, b}, {a, b},
+                [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype(), is_max](
+                    const Tensor& g, const Saved& s, const Needs& n) {
+                  // Weight of a: 1 where a wins, 1/2 on ties, 0 elsewhere; b gets the rest.
+                  Tensor a_wins = is_max ? ops::gt(s[0], s[1]) : ops::lt(s[0], s[1]);
+                  Tensor wa = ops::add(ops::to(a_wins, g.dtype()),
+                                       ops::to(ops::eq(s[0], s[1]), g.dtype()), 0.5);
+                  Grads r(2);
+                  if (n[0]) r[0] = reduce_grad(ops::mul(g, wa), sa, ta);
+                  if (n[1]) r[1] = reduce_grad(ops::mul(g, ops::rsub(wa, 1.0)), sb, tb);
+                  return r;
+                });
 }
 
 }  // namespace
@@ -126,11 +126,10 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  Shape sa = a.shape(), sb = b.shape();
-  DType ta = a.dtype(), tb = b.dtype();
   // cond is saved, not an input: it has no gradient.
   return record("WhereBackward", ops::where(cond, a, b), {a, b}, {cond},
-                [=](const Tensor& g, const Saved& s, const Needs& n) {
+                [sa = a.shape(), sb = b.shape(), ta = a.dtype(), tb = b.dtype()](
+                    const Tensor& g, const Saved& s, const Needs& n) {
                   Grads r(2);
                   Tensor z = zero_like_scalar(g);
                   if (n[0]) r[0] = reduce_grad(ops::where(s[0], g, z), sa, ta);

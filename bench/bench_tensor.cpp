@@ -45,6 +45,7 @@ std::vector<double> interleaved(const std::vector<std::function<void()>>& fns, i
   for (int r = 0; r < reps; ++r)
     for (size_t i = 0; i < fns.size(); ++i) t[i].push_back(seconds(fns[i]));
   std::vector<double> out;
+  out.reserve(t.size());
   for (auto& v : t) out.push_back(median(v));
   return out;
 }

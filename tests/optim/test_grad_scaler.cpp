@@ -18,7 +18,7 @@ using namespace ddplab;
 
 namespace {
 
-Tensor param(std::vector<float> v) {
+Tensor param(const std::vector<float>& v) {
   Tensor p = ops::from_vector<float>(v, {static_cast<int64_t>(v.size())});
   p.set_requires_grad(true);
   return p;

@@ -93,6 +93,7 @@ TEST_CASE("Optimizer: state_dict save/load resumes bit-exactly") {
       o2 = std::make_unique<optim::AdamW>(std::vector<Tensor>{p2}, optim::AdamWOptions{});
     }
     std::vector<Tensor> grads;
+    grads.reserve(4);
     for (int k = 0; k < 4; ++k) grads.push_back(ops::randn({4, 3}, {}, &gen));
     for (int k = 0; k < 2; ++k) {
       p1.set_grad(ops::clone(grads[k]));

@@ -279,6 +279,7 @@ TEST_CASE("BlockPool: threads taking and freeing neighbouring pieces of one segm
   pool.allocate(512 * kKiB, nullptr);  // freed at once: one cached segment to cut pieces from
   std::atomic<int> clobbered{0};
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&pool, &clobbered, t] {
       for (int i = 0; i < 20000; ++i) {

@@ -16,7 +16,7 @@ namespace {
 // Reference: reduce `v` (contiguous, shape) over `dims` with fold/finish in float64.
 std::vector<double> reference(const std::vector<double>& v, const Shape& shape,
                               const std::vector<int64_t>& dims,
-                              std::function<double(const std::vector<double>&)> f) {
+                              const std::function<double(const std::vector<double>&)>& f) {
   Shape st = contiguous_strides(shape);
   std::vector<bool> red(shape.size(), dims.empty());
   for (int64_t d : dims) red[d] = true;
@@ -34,6 +34,7 @@ std::vector<double> reference(const std::vector<double>& v, const Shape& shape,
     groups[key].push_back(v[i]);
   }
   std::vector<double> out;
+  out.reserve(groups.size());
   for (auto& g : groups) out.push_back(f(g));
   return out;
 }
@@ -63,9 +64,11 @@ TEST_CASE("sum, mean, amax, amin, var, norm over every dim subset, keepdim or no
           CAPTURE(shape_str(dims));
           CAPTURE(keepdim);
           std::vector<int64_t> wrapped;
+          wrapped.reserve(dims.size());
           for (int64_t d : dims) wrapped.push_back(d < 0 ? d + 3 : d);
           double tol = dt == kFloat64 ? 1e-12 : 1e-5;
-          auto check = [&](const Tensor& got, std::function<double(const std::vector<double>&)> f) {
+          auto check = [&](const Tensor& got,
+                           const std::function<double(const std::vector<double>&)>& f) {
             auto ref = reference(v, shape, wrapped, f);
             auto out = got.to_vector<double>();
             REQUIRE(out.size() == ref.size());

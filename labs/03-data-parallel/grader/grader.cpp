@@ -91,6 +91,7 @@ std::vector<Tensor> trainable(const nn::Module& m) {
 
 std::vector<size_t> nbytes_of(const std::vector<Tensor>& ps) {
   std::vector<size_t> n;
+  n.reserve(ps.size());
   for (const Tensor& p : ps) n.push_back(p.nbytes());
   return n;
 }
@@ -224,6 +225,7 @@ TEST_CASE("part 1 (naive all-reduce): equals one process on the global batch - 3
 TEST_CASE("part 1 (naive all-reduce): one all-reduce per trainable parameter - in order") {
   check_collectives("allreduce_gradients_naive", naive, [](const std::vector<Tensor>& ps) {
     std::vector<std::string> out;
+    out.reserve(ps.size());
     for (const Tensor& p : ps) out.push_back("all_reduce:" + std::to_string(p.numel()));
     return out;
   });

@@ -91,6 +91,7 @@ TEST_CASE("part 4 (ranks in separate processes): the shards gathered over Gloo c
       std::vector<int64_t> mine = lab4::shard(n, world, rank, true, 3, epoch, false);
       EXPECT(static_cast<int64_t>(mine.size()) == 34, "rank " << rank << " got " << mine.size());
       std::vector<Tensor> outs;
+      outs.reserve(world);
       for (int r = 0; r < world; ++r) outs.push_back(ops::zeros({34}, kInt64));
       pg->all_gather(outs, ops::from_vector<int64_t>(mine, {34}, kInt64))->wait();
       std::multiset<int64_t> seen;

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -70,8 +71,12 @@ Tensor param(const std::vector<float>& v) {
 bool same_bits(const Tensor& a, const Tensor& b) {
   const std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
   if (x.size() != y.size()) return false;
-  for (size_t i = 0; i < x.size(); ++i)
-    if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return false;
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t xb = 0, yb = 0;  // the bits, so that -0 differs from 0 and NaN equals itself
+    std::memcpy(&xb, &x[i], sizeof xb);
+    std::memcpy(&yb, &y[i], sizeof yb);
+    if (xb != yb) return false;
+  }
   return true;
 }
 
@@ -80,6 +85,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 std::pair<std::vector<Tensor>, bool> library_unscale(const std::vector<std::vector<float>>& grads,
                                                      double scale) {
   std::vector<Tensor> params;
+  params.reserve(grads.size());
   for (const auto& g : grads) {
     Tensor p = param(std::vector<float>(g.size(), 0.0f));
     p.set_grad(ops::from_vector<float>(g, {static_cast<int64_t>(g.size())}));
@@ -91,12 +97,14 @@ std::pair<std::vector<Tensor>, bool> library_unscale(const std::vector<std::vect
   optim::GradScaler scaler(o);
   const bool found_inf = !scaler.step(opt);
   std::vector<Tensor> out;
+  out.reserve(params.size());
   for (const Tensor& p : params) out.push_back(p.grad());
   return {out, found_inf};
 }
 
 void check_unscale(const std::vector<std::vector<float>>& grads, double scale, bool exact) {
   std::vector<Tensor> mine;
+  mine.reserve(grads.size());
   for (const auto& g : grads)
     mine.push_back(ops::from_vector<float>(g, {static_cast<int64_t>(g.size())}));
   const bool found = lab6::unscale_grads_(mine, scale);

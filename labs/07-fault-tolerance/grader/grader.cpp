@@ -126,7 +126,7 @@ TEST_CASE("part 1 (atomic save): a temporary file beside it - fsync - rename - f
   lab7::write_atomically(path, bytes);
   CHECK(same_bytes(read_file(path), bytes));
 
-  const std::vector<std::string> log = lab7::io::log();
+  const std::vector<std::string>& log = lab7::io::log();
   std::string all;
   for (const auto& line : log) all += "  " + line + "\n";
   INFO("the file operations, in order:\n" << all);
