@@ -779,6 +779,10 @@ std::string conv_forward_impl_name(const Conv2dParams& p, ConvTypes types) {
   return primitives_for(p, types).fwd_pd.impl_info_str();
 }
 
+int major_version() {
+  return dnnl_version()->major;
+}
+
 std::string cpu_isa_name() {
   using isa = dnnl::cpu_isa;
   const std::pair<isa, const char*> names[] = {{isa::sse41, "sse41"},

@@ -131,6 +131,9 @@ void conv2d_backward_weights(const Conv2dParams& p, const void* x, const void* g
 bool cpu_has_bf16_kernels();
 // oneDNN's name for the instruction set it dispatches to on this CPU (e.g. "avx512_core_bf16").
 std::string cpu_isa_name();
+// The major version of the oneDNN running (2 for Debian 12's 2.6.3, 3 with -Donednn=pypi): the
+// two differ in which kernels exist (3.x has no Winograd on x86), which tests must know.
+int major_version();
 
 // Number of distinct convolution shapes (and precisions) whose primitives are cached (for tests
 // and curiosity).
