@@ -119,6 +119,9 @@ def bf16_error(mats, m, channels=16, tiles=3000, seed=0):
     (A^T, G, B^T) = mats."""
     rng = np.random.default_rng(seed)
     f32 = np.float32
+    if mats is not None:
+        at32, bt32 = np.array(mats[0], dtype=f32), np.array(mats[2], dtype=f32)
+        g64 = np.array(mats[1], dtype=np.float64)
     num = den = 0.0
     for _ in range(tiles // 100):
         d = rng.standard_normal((100, channels, m + 2, m + 2)).astype(f32)
@@ -128,11 +131,10 @@ def bf16_error(mats, m, channels=16, tiles=3000, seed=0):
         if mats is None:
             y = correlate(db, wb, m)
         else:
-            at, g, bt = (np.array(x, dtype=np.float64) for x in mats)
-            u = to_bf16((g @ wb.astype(np.float64) @ g.T).astype(f32))
-            v = to_bf16(np.einsum("ij,bcjk,lk->bcil", bt.astype(f32), db, bt.astype(f32)))
+            u = to_bf16((g64 @ wb.astype(np.float64) @ g64.T).astype(f32))
+            v = to_bf16(np.einsum("ij,bcjk,lk->bcil", bt32, db, bt32))
             prod = np.einsum("bcij,cij->bij", v, u).astype(f32)
-            y = np.einsum("ij,bjk,lk->bil", at.astype(f32), prod, at.astype(f32))
+            y = np.einsum("ij,bjk,lk->bil", at32, prod, at32)
         num += float(((y - ref) ** 2).sum())
         den += float((ref ** 2).sum())
     return (num / den) ** 0.5
@@ -150,7 +152,7 @@ def show_bf16():
     for name, mats, m in (("F(2x2, 3x3)", f22, 2),
                           ("F(4x4, 3x3) on 0, 1, -1, 2, -1/2", ours, 4),
                           ("F(4x4, 3x3) on 0, 1, -1, 2, -2", usual, 4)):
-        err = bf16_error(tuple([[float(x) for x in row] for row in mat] for mat in mats), m)
+        err = bf16_error(mats, m)
         print("  %-33s %.2e (%.1fx direct)" % (name, err, err / direct))
 
 
