@@ -137,7 +137,8 @@ struct Tiles {
 #pragma GCC target("avx512f,avx512vl,avx2,fma")
 namespace avx512 {
 constexpr int kLanes = 16;
-constexpr int kPrefetchTiles = 0;  // Note [Prefetching] in nn/winograd_tiles.h
+constexpr int kProductVectors = 1;  // multiply_as in nn/winograd_tiles.h
+constexpr int kPrefetchTiles = 0;   // Note [Prefetching] there
 using vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 inline vec fma(vec a, vec b, vec c) {
   return _mm512_fmadd_ps(a, b, c);
@@ -154,6 +155,7 @@ inline vec splat(float s) {
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 constexpr int kLanes = 8;
+constexpr int kProductVectors = 2;
 constexpr int kPrefetchTiles = 2;
 using vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 inline vec fma(vec a, vec b, vec c) {
