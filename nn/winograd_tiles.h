@@ -207,6 +207,25 @@ inline void transform_output_grads(const Activations& gy, const Tiles& tiles, in
   }
 }
 
+// R x W vectors to and from p, row r at p + r * stride, vector j kLanes floats further along.
+template <int R, int W>
+inline void load_block(vec (&acc)[R][W], const float* p, int64_t stride) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int j = 0; j < W; ++j) acc[r][j] = load(p + r * stride + j * kLanes);
+  }
+}
+
+template <int R, int W>
+inline void store_block(const vec (&acc)[R][W], float* p, int64_t stride) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int j = 0; j < W; ++j) store(p + r * stride + j * kLanes, acc[r][j]);
+  }
+}
+
 // One block of the product M = V U at one position: R tiles (rows of V, c apart) by W vectors of
 // output channels (columns of U, o apart), R W = kRows sums in registers. Each input channel's
 // weight vectors are loaded once for the R tiles and each tile's value broadcast once for the W
@@ -226,11 +245,7 @@ inline void multiply_block(const float* vr, const float* up, int64_t c, int64_t 
       for (int j = 0; j < W; ++j) acc[r][j] = fma(b, w[j], acc[r][j]);
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 2
-    for (int j = 0; j < W; ++j) store(mp + r * o + j * kLanes, acc[r][j]);
-  }
+  store_block(acc, mp, o);
 }
 
 // M[pos] = V[pos] U[pos] for each position: a [rows x c] by [c x o] product, in blocks of
@@ -274,30 +289,51 @@ inline void multiply(const float* v, const float* u, int rows, int64_t c, int64_
   }
 }
 
+// One block of S += V^T Gy at one position: R input channels (columns of V, c apart) by W vectors
+// of output channels (columns of Gy, o apart), summed over the chunk's `rows` tiles in registers.
+template <int R, int W>
+inline void accumulate_block(const float* vp, const float* gp, int rows, int64_t c, int64_t o,
+                             float* sp) {
+  vec acc[R][W];
+  load_block(acc, sp, o);
+  for (int i = 0; i < rows; ++i) {
+    vec gv[W];
+#pragma GCC unroll 2
+    for (int j = 0; j < W; ++j) gv[j] = load(gp + i * o + j * kLanes);
+    const float* vi = vp + i * c;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vec b = splat(vi[r]);
+#pragma GCC unroll 2
+      for (int j = 0; j < W; ++j) acc[r][j] = fma(b, gv[j], acc[r][j]);
+    }
+  }
+  store_block(acc, sp, o);
+}
+
 // S[pos] += V[pos]^T Gy[pos] for each position: the weight gradient of the chunk, still in the
-// transformed domain. A [c x rows] by [rows x o] product: kRows input channels by one vector of
-// output channels at a time, summed over the chunk's tiles in registers.
+// transformed domain. A [c x rows] by [rows x o] product, in blocks of kProductVectors vectors of
+// output channels (the rest one at a time) by kRows / kProductVectors input channels, as in
+// multiply_as.
 template <int M>
 inline void accumulate_weight_grads(const float* v, const float* g, int rows, int64_t c, int64_t o,
                                     float* s) {
   constexpr int kPositions = (M + 2) * (M + 2);
+  constexpr int kWide = kProductVectors * kLanes;
   for (int pos = 0; pos < kPositions; ++pos) {
     const float* vp = v + pos * position_stride(rows, c);
     const float* gp = g + pos * position_stride(rows, o);
     float* sp = s + pos * c * o;
-    for (int64_t k = 0; k < o; k += kLanes) {
+    int64_t k = 0;
+    for (; k + kWide <= o; k += kWide) {
+      for (int64_t c0 = 0; c0 < c; c0 += kRows / kProductVectors) {
+        accumulate_block<kRows / kProductVectors, kProductVectors>(vp + c0, gp + k, rows, c, o,
+                                                                   sp + c0 * o + k);
+      }
+    }
+    for (; k < o; k += kLanes) {
       for (int64_t c0 = 0; c0 < c; c0 += kRows) {
-        vec acc[kRows];
-#pragma GCC unroll 8
-        for (int r = 0; r < kRows; ++r) acc[r] = load(sp + (c0 + r) * o + k);
-        for (int i = 0; i < rows; ++i) {
-          const vec gv = load(gp + i * o + k);
-          const float* vi = vp + i * c + c0;
-#pragma GCC unroll 8
-          for (int r = 0; r < kRows; ++r) acc[r] = fma(splat(vi[r]), gv, acc[r]);
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < kRows; ++r) store(sp + (c0 + r) * o + k, acc[r]);
+        accumulate_block<kRows, 1>(vp + c0, gp + k, rows, c, o, sp + c0 * o + k);
       }
     }
   }
