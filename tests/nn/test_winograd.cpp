@@ -168,11 +168,12 @@ TEST_CASE("winograd: forward, backward data and backward weights equal a direct 
     CAPTURE(tile);
     // One tile; one tile bigger than the image; a chunk's worth not filled; several chunks with a
     // partial last one; sides that are not multiples of the tile; more channels out than in and
-    // the other way round.
+    // the other way round; three vectors of channels out, then in (the AVX2 form's products take
+    // two vectors at a time, then the one left).
     const std::vector<Shape> shapes = {{1, lanes, 4, 4, lanes},      {1, lanes, 3, 1, lanes},
                                        {1, lanes, 6, 10, lanes},     {3, lanes, 12, 8, 2 * lanes},
-                                       {2, 2 * lanes, 7, 14, lanes}, {2, 3 * lanes, 5, 9, lanes},
-                                       {5, lanes, 16, 16, lanes}};
+                                       {2, 2 * lanes, 7, 14, lanes}, {2, lanes, 6, 7, 3 * lanes},
+                                       {2, 3 * lanes, 5, 9, lanes},  {5, lanes, 16, 16, lanes}};
     for (const Shape& s : shapes) {
       CAPTURE(s.n);
       CAPTURE(s.c);
