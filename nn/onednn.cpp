@@ -241,17 +241,31 @@ constexpr int64_t kWinogradMinChannels = 32;
 // float32 Winograd; the weight gradient is float32 either way. resnet20's bfloat16 step: 0.972x
 // (8 interleaved rounds, 2026-12-03, AMD EPYC with AVX-512). With 32 channels it gains nothing
 // (1.005x): converting the larger activations costs what the kernel saves; nor does running all
-// three passes so (1.016x).
+// three passes so (1.016x). Since our Winograd reads bfloat16 (Note [Winograd of our own]) this
+// only runs where ours does not: on CPUs with AMX, and beyond 64 channels.
 constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 
 // Note [Winograd of our own]
 // Every float32 3x3, stride-1, padding-1 convolution of up to 64 channels in and out whose
-// activations are channels-last or blocked in whole vector registers runs our own F(4x4, 3x3) (Note [Winograd F(m x m, 3x3)] in
-// nn/winograd.cpp): where oneDNN 2.6 would run it directly (below 32 channels, and on CPUs without
+// activations are channels-last or blocked in whole vector registers runs our own F(4x4, 3x3)
+// (Note [Winograd F(m x m, 3x3)] in nn/winograd.cpp): where oneDNN 2.6 would run it directly (below 32 channels, and on CPUs without
 // AVX-512 every stage) and where it would run its own F(4x4, 3x3), which was no faster. So every
 // CPU kind runs the same algorithm, and the AVX-512 and AVX2 forms give the same bits. An NCHW
-// call, other paddings and strides, bfloat16 and DDPLAB_CONV_ALGO=onednn keep oneDNN's kernels;
-// its primitives are built in any case, for the layouts they choose.
+// call, other paddings and strides and DDPLAB_CONV_ALGO=onednn keep oneDNN's kernels; its
+// primitives are built in any case, for the layouts they choose.
+//
+// Under autocast (bfloat16 activations in and out) ours runs backward data and weights, reading
+// and writing bfloat16 but computing in float32 (Note [bfloat16 activations] in nn/winograd.cpp),
+// on CPUs without AMX; the forward stays with oneDNN's bfloat16 kernels, whose dot products run
+// at twice the float32 rate there. Measured 2026-12-07 on the Zen 4, resnet20, batch 128,
+// 2 threads (bench_train.py --driver --variants ddplab+bf16, 6-8 interleaved rounds, medians):
+// ours in both backward passes 0.95x the step with oneDNN's only, in backward weights alone 0.97x;
+// ours in the forward too 0.97-1.02x (its forward 33-36 ms against 31). Per call (batch 128, 2
+// threads, ms forward / backward data / backward weights, oneDNN's bfloat16 vs ours): 16 channels
+// 1.44 / 1.42 / 2.14 vs 1.44 / 1.46 / 2.19; 32: 1.32 / 1.21 / 1.71 vs 1.33 / 1.22 / 1.41; 64:
+// 1.21 / 1.19 / 1.49 vs 1.15 / 1.15 / 1.18. With AMX oneDNN's bfloat16 kernels are much faster
+// than float32 arithmetic can be (the bfloat16 step 1.92-2.04x float32's there), so they keep
+// every pass.
 //
 // Measured 2026-12-07 on an AMD EPYC (Zen 4), batch 128, 2 threads, ms per call forward / backward
 // data / backward weights, oneDNN vs ours, each best of 12 rounds of 10 calls on the same arrays:
@@ -271,11 +285,14 @@ constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 constexpr int64_t kOwnWinogradMaxChannelProduct = 64 * 64;
 
 bool own_winograd_pays(const Conv2dParams& p, ConvTypes types, ConvAlgorithm algo) {
+  static const bool amx = cpu_isa_name() == "avx512_core_amx";
+  const bool float32 = types.prec == Precision::Float32 && types.x == Element::Float32 &&
+                       types.y == Element::Float32;
+  const bool bf16 = types.prec == Precision::BFloat16 && types.x == Element::BFloat16 &&
+                    types.y == Element::BFloat16 && !amx;
   return algo == ConvAlgorithm::Auto && p.c * p.o <= kOwnWinogradMaxChannelProduct &&
-         types.prec == Precision::Float32 && types.x == Element::Float32 &&
-         types.y == Element::Float32 && p.kh == 3 && p.kw == 3 && p.stride_h == 1 &&
-         p.stride_w == 1 && p.pad_h == 1 && p.pad_w == 1 && p.dil_h == 1 && p.dil_w == 1 &&
-         p.groups == 1;
+         (float32 || bf16) && p.kh == 3 && p.kw == 3 && p.stride_h == 1 && p.stride_w == 1 &&
+         p.pad_h == 1 && p.pad_w == 1 && p.dil_h == 1 && p.dil_w == 1 && p.groups == 1;
 }
 
 ConvAlgorithm initial_algorithm() {
@@ -611,7 +628,8 @@ std::optional<winograd::Problem> own_winograd_problem(const ConvPrimitives& cp, 
   const Conv2dParams& p = cp.p;
   const int64_t xb = x_block != 0 ? x_block : x_nhwc ? p.c : 0;
   const int64_t yb = y_block != 0 ? y_block : cp.y_nhwc ? p.o : 0;
-  const winograd::Problem q{p.n, p.c, p.h, p.w, p.o, xb, yb, activation_block()};
+  const winograd::Problem q{
+      p.n, p.c, p.h, p.w, p.o, xb, yb, activation_block(), 4, cp.operand == dt::bf16};
   if (!winograd::fits(q)) return std::nullopt;
   return q;
 }
@@ -655,9 +673,9 @@ size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types, int64_t 
 void conv2d_forward(const Conv2dParams& p, const void* x, const float* w, const float* b, void* y,
                     ConvTypes types, void* x_saved, Blocks blocks) {
   ConvPrimitives& cp = primitives_for(p, types);
-  if (auto q = own_winograd_problem(cp, blocks.x, types.x_nhwc, blocks.y)) {
-    winograd::forward(*q, static_cast<const float*>(x), w, p.has_bias ? b : nullptr,
-                      static_cast<float*>(y));
+  // A bfloat16 forward stays with oneDNN's kernels (Note [Winograd of our own]).
+  if (auto q = own_winograd_problem(cp, blocks.x, types.x_nhwc, blocks.y); q && !q->bf16) {
+    winograd::forward(*q, x, w, p.has_bias ? b : nullptr, y);
     return;
   }
   guarded(p, "forward", [&] {
@@ -691,14 +709,13 @@ void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, 
   ConvPrimitives& cp = primitives_for(p, types);
   if (gx != nullptr) {
     if (auto q = own_winograd_problem(cp, blocks.gx, types.x_nhwc, blocks.gy)) {
-      winograd::backward_data(*q, static_cast<const float*>(gy), w, static_cast<float*>(gx));
+      winograd::backward_data(*q, gy, w, gx);
       gx = nullptr;  // done
     }
   }
   if (gw != nullptr && x != nullptr) {
     if (auto q = own_winograd_problem(cp, blocks.x, types.x_nhwc, blocks.gy)) {
-      winograd::backward_weights(*q, static_cast<const float*>(x), static_cast<const float*>(gy),
-                                 gw, p.has_bias ? gb : nullptr);
+      winograd::backward_weights(*q, x, gy, gw, p.has_bias ? gb : nullptr);
       gw = nullptr;
     }
   }

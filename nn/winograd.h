@@ -1,7 +1,8 @@
 // Winograd's F(m x m, 3x3) convolution on the CPU, our own kernel: 3x3, stride 1, padding 1
 // convolutions whose channels oneDNN only runs directly (Note [Winograd F(m x m, 3x3)] in
-// nn/winograd.cpp). Float32, channels in vector-register-wide groups; nn/onednn.cpp calls it in
-// place of its primitives where `fits` says so.
+// nn/winograd.cpp). Float32 arithmetic on float32 or bfloat16 activations, channels in
+// vector-register-wide groups; nn/onednn.cpp calls it in place of its primitives where `fits`
+// says so.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,9 @@ struct Problem {
   int64_t x_block = 0, y_block = 0;
   int64_t lanes = 0;
   int64_t tile = 4;
+  // The activations (x, y, gy, gx) are bfloat16 (uint16_t bits) instead of float32; the weights,
+  // bias and their gradients stay float32 (Note [bfloat16 activations] in nn/winograd.cpp).
+  bool bf16 = false;
 };
 
 // Whether the kernel can run `p` on this CPU: its instruction set present, a tile size it has,
@@ -26,10 +30,10 @@ struct Problem {
 bool fits(const Problem& p);
 
 // y = conv(x, w) + b (b may be null); w is OIHW.
-void forward(const Problem& p, const float* x, const float* w, const float* b, float* y);
+void forward(const Problem& p, const void* x, const float* w, const float* b, void* y);
 // gx = dL/dx from gy = dL/dy.
-void backward_data(const Problem& p, const float* gy, const float* w, float* gx);
+void backward_data(const Problem& p, const void* gy, const float* w, void* gx);
 // gw = dL/dw (OIHW) and, unless null, gb = dL/db; overwritten.
-void backward_weights(const Problem& p, const float* x, const float* gy, float* gw, float* gb);
+void backward_weights(const Problem& p, const void* x, const void* gy, float* gw, float* gb);
 
 }  // namespace ddplab::nn::winograd

@@ -35,6 +35,40 @@ inline void store(float* p, vec v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// Activations are float32 or bfloat16 (Note [bfloat16 activations] in nn/winograd.cpp); either way
+// the kernel computes in float32. These read one vector of them as floats and write one back.
+using bits = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using bf16_bits = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
+inline vec load_activation(const float* p) {
+  return load(p);
+}
+
+// Exact: a bfloat16 is the upper half of the float32 with the same value.
+inline vec load_activation(const uint16_t* p) {
+  bf16_bits h;
+  std::memcpy(&h, p, sizeof h);
+  const bits u = __builtin_convertvector(h, bits) << 16;
+  vec v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+inline void store_activation(float* p, vec v) {
+  store(p, v);
+}
+
+// Rounded to the nearest bfloat16, ties to even, a NaN kept a quiet NaN: BFloat16::from_float
+// (tensor/half.h) on a vector, so that the bits equal a float32 result converted afterwards.
+inline void store_activation(uint16_t* p, vec v) {
+  bits u;
+  std::memcpy(&u, &v, sizeof u);
+  const bits rounded = (u + 0x7fffU + ((u >> 16) & 1U)) >> 16;
+  const bits out = (u & 0x7fffffffU) > 0x7f800000U ? (u >> 16) | 0x40U : rounded;
+  const bf16_bits h = __builtin_convertvector(out, bf16_bits);
+  std::memcpy(p, &h, sizeof h);
+}
+
 // Note [Prefetching]
 // Tiles run along image rows and each one reads (or writes) a few pixels from each of n (or m)
 // image rows: as many streams of memory as rows, which the hardware prefetchers pick up late. The
@@ -48,8 +82,8 @@ inline void store(float* p, vec v) {
 // Both helpers are always inlined: to GCC a prefetch has no effect, so a call to a function that
 // only prefetches is dead code, and it deleted the call to prefetch_tile_ahead (before inlining it)
 // when that was an ordinary inline function.
-template <int Rows, int ForWrite>
-[[gnu::always_inline]] inline void prefetch_rows(const float* first, int64_t row_stride,
+template <int Rows, int ForWrite, class T>
+[[gnu::always_inline]] inline void prefetch_rows(const T* first, int64_t row_stride,
                                                  int64_t bytes) {
 #pragma GCC unroll 6
   for (int r = 0; r < Rows; ++r) {
@@ -59,11 +93,11 @@ template <int Rows, int ForWrite>
 }
 
 // The m x m pixels, every block of channels, of the tile kPrefetchTiles to the right of t.
-template <int M, int ForWrite>
-[[gnu::always_inline]] inline void prefetch_tile_ahead(const Activations& a, const Tile& t) {
+template <int M, int ForWrite, class T>
+[[gnu::always_inline]] inline void prefetch_tile_ahead(const Activations<T>& a, const Tile& t) {
   for (int64_t ch = 0; ch < a.c; ch += a.block) {
     prefetch_rows<M, ForWrite>(a.at(t.n, ch, t.y, t.x + kPrefetchTiles * M), a.dy(),
-                               M * a.dx() * sizeof(float));
+                               M * a.dx() * sizeof(T));
   }
 }
 
@@ -143,8 +177,8 @@ inline void store_rows(const vec (&cols)[S][N], F f, float* out, int64_t pos_str
 // each row of the result; neighbouring tiles of an image row share two columns, so a tile that
 // follows its left neighbour takes over that one's last two transformed columns and loads only
 // m new ones.
-template <int M>
-inline void transform_inputs(const Activations& x, const Tiles& tiles, int64_t first, int rows,
+template <int M, class T>
+inline void transform_inputs(const Activations<T>& x, const Tiles& tiles, int64_t first, int rows,
                              float* v) {
   constexpr int N = M + 2;
   const int64_t c = x.c;
@@ -158,15 +192,17 @@ inline void transform_inputs(const Activations& x, const Tiles& tiles, int64_t f
       bool row_in[N];  // which rows of the patch lie in the image
       for (int r = 0; r < N; ++r) row_in[r] = t.valid && t.y - 1 + r >= 0 && t.y - 1 + r < x.h;
       // The patch's top left pixel, which may lie in the padding: only pixels inside are read.
-      const float* at = x.at(t.n, ch, t.y, t.x) - dy - dx;
+      const T* at = x.at(t.n, ch, t.y, t.x) - dy - dx;
       if (kPrefetchTiles > 0) {  // the m new columns of that tile's patch
-        prefetch_rows<N, 0>(at + (kPrefetchTiles * M + 2) * dx, dy, M * dx * sizeof(float));
+        prefetch_rows<N, 0>(at + (kPrefetchTiles * M + 2) * dx, dy, M * dx * sizeof(T));
       }
       auto column = [&](int s) {
         const bool in = t.x - 1 + s >= 0 && t.x - 1 + s < x.w;
         vec d[N];
 #pragma GCC unroll 6
-        for (int r = 0; r < N; ++r) d[r] = in && row_in[r] ? load(at + r * dy + s * dx) : vec{};
+        for (int r = 0; r < N; ++r) {
+          d[r] = in && row_in[r] ? load_activation(at + r * dy + s * dx) : vec{};
+        }
         input_1d(d, e[s]);
       };
       const bool follows = t.valid && prev.valid && t.n == prev.n && t.y == prev.y;
@@ -189,8 +225,8 @@ inline void transform_inputs(const Activations& x, const Tiles& tiles, int64_t f
 
 // Transforms the m x m output-gradient tile of each tile of the chunk into Gy (zeros past the
 // image's edge).
-template <int M>
-inline void transform_output_grads(const Activations& gy, const Tiles& tiles, int64_t first,
+template <int M, class T>
+inline void transform_output_grads(const Activations<T>& gy, const Tiles& tiles, int64_t first,
                                    int rows, float* g) {
   constexpr int N = M + 2;
   const int64_t o = gy.c;
@@ -206,7 +242,7 @@ inline void transform_output_grads(const Activations& gy, const Tiles& tiles, in
 #pragma GCC unroll 4
         for (int a = 0; a < M; ++a) {
           const bool in = t.valid && t.y + a < gy.h && t.x + b < gy.w;
-          d[a] = in ? load(gy.at(t.n, ch, t.y, t.x) + a * gy.dy() + b * gy.dx()) : vec{};
+          d[a] = in ? load_activation(gy.at(t.n, ch, t.y, t.x) + a * gy.dy() + b * gy.dx()) : vec{};
         }
         grad_1d(d, h[b]);
       }
@@ -352,9 +388,9 @@ inline void accumulate_weight_grads(const float* v, const float* g, int rows, in
 
 // y = A^T M A (+ bias) for each tile of the chunk: the m x m outputs, written into y where they
 // lie inside it.
-template <int M>
+template <int M, class T>
 inline void transform_outputs(const float* m, const float* bias, const Tiles& tiles, int64_t first,
-                              int rows, const Activations& y) {
+                              int rows, const Activations<T>& y) {
   constexpr int N = M + 2;
   const int64_t o = y.c;
   const int64_t pos_stride = position_stride(rows, o);
@@ -372,7 +408,7 @@ inline void transform_outputs(const float* m, const float* bias, const Tiles& ti
         output_1d(col, f[s]);
       }
       const vec b = bias != nullptr ? load(bias + ch) : vec{};
-      float* at = y.at(t.n, ch, t.y, t.x);
+      T* at = y.at(t.n, ch, t.y, t.x);
 #pragma GCC unroll 4
       for (int a = 0; a < M; ++a) {  // (A^T M) A, row a of the tile
         vec row[N], out[M];
@@ -382,7 +418,7 @@ inline void transform_outputs(const float* m, const float* bias, const Tiles& ti
 #pragma GCC unroll 4
         for (int q = 0; q < M; ++q) {
           if (t.y + a < y.h && t.x + q < y.w) {
-            store(at + a * y.dy() + q * y.dx(), bias != nullptr ? out[q] + b : out[q]);
+            store_activation(at + a * y.dy() + q * y.dx(), bias != nullptr ? out[q] + b : out[q]);
           }
         }
       }

@@ -1,7 +1,7 @@
 // Our Winograd F(m x m, 3x3) (nn/winograd.h) against a direct convolution in float64, for both
 // tile sizes and each instruction set this CPU has, in NHWC and blocked layouts, with tile counts
-// that fill no chunk and tiles that reach past the image; and through conv2d, where it stands in
-// for oneDNN's direct kernels.
+// that fill no chunk and tiles that reach past the image, on float32 and bfloat16 activations;
+// and through conv2d, where it stands in for oneDNN's kernels.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "nn/functional.h"
 #include "nn/onednn.h"
 #include "nn/winograd.h"
+#include "tensor/half.h"
 #include "tensor/ops.h"
 #include "tests/skip.h"
 
@@ -69,6 +70,19 @@ std::vector<float> to_blocked(const std::vector<double>& a, const Index& index) 
 std::vector<double> from_blocked(const std::vector<float>& a, const Index& index) {
   std::vector<double> out;
   index.copy(a, out, false);
+  return out;
+}
+
+// Each value's bfloat16 bits (the values are bfloat16 already: exact), and the values back.
+std::vector<uint16_t> to_bf16(const std::vector<float>& a) {
+  std::vector<uint16_t> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = BFloat16(a[i]).x;
+  return out;
+}
+
+std::vector<float> from_bf16(const std::vector<uint16_t>& a) {
+  std::vector<float> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = BFloat16::from_bits(a[i]);
   return out;
 }
 
@@ -135,6 +149,13 @@ std::vector<double> randoms(size_t count, std::mt19937& rng) {
   std::vector<double> out(count);
   // Rounded to float first, so that the float64 reference sees exactly the kernel's inputs.
   for (double& v : out) v = static_cast<float>(normal(rng));
+  return out;
+}
+
+// `count` normal values rounded to bfloat16.
+std::vector<double> bf16_randoms(size_t count, std::mt19937& rng) {
+  std::vector<double> out = randoms(count, rng);
+  for (double& v : out) v = static_cast<float>(BFloat16(static_cast<float>(v)));
   return out;
 }
 
@@ -215,6 +236,68 @@ TEST_CASE("winograd: forward, backward data and backward weights equal a direct 
   }
 }
 
+TEST_CASE("winograd: bfloat16 activations: float32 arithmetic, each output rounded once") {
+  // The reference convolves the bfloat16 operands (the weights rounded to bfloat16, as the kernel
+  // does) in float64. A float32 result rounded to the nearest bfloat16 is within half a bfloat16
+  // step (2^-8 of its value: 8 significant bits) of it, plus the float32 Winograd's own error;
+  // rounding by truncation would miss by up to a whole step. The weight gradient stays float32.
+  const std::vector<int64_t> widths = cpu_lanes();
+  DDP_SKIP_IF(widths.empty(), "this CPU has neither AVX-512 nor AVX2 with FMA");
+  std::mt19937 rng(11);
+  for (int64_t lanes : widths) {
+    CAPTURE(lanes);
+    struct Shape {
+      int64_t n, c, h, w, o;
+    };
+    for (const Shape& s : {Shape{2, lanes, 6, 7, 3 * lanes}, Shape{3, 2 * lanes, 9, 5, lanes}}) {
+      CAPTURE(s.c);
+      CAPTURE(s.o);
+      const Direct d{s.n, s.c, s.h, s.w, s.o};
+      const std::vector<double> x = bf16_randoms(static_cast<size_t>(s.n * s.c * s.h * s.w), rng);
+      const std::vector<double> gy = bf16_randoms(static_cast<size_t>(s.n * s.o * s.h * s.w), rng);
+      const std::vector<double> wt = randoms(static_cast<size_t>(s.o * s.c * 9), rng);
+      const std::vector<double> b = randoms(static_cast<size_t>(s.o), rng);
+      std::vector<double> wt_bf16 = wt;
+      for (double& v : wt_bf16) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+      const std::vector<float> wf(wt.begin(), wt.end()), bf(b.begin(), b.end());
+      const W::Problem p{s.n, s.c, s.h, s.w, s.o, s.c, s.o, lanes, 4, true};
+      REQUIRE(W::fits(p));
+      const Index xi{s.n, s.c, s.h, s.w, s.c}, yi{s.n, s.o, s.h, s.w, s.o};
+      const std::vector<uint16_t> xb = to_bf16(to_blocked(x, xi)),
+                                  gyb = to_bf16(to_blocked(gy, yi));
+      std::vector<uint16_t> y(gyb.size()), gx(xb.size());
+      std::vector<float> gw(wf.size()), gb(bf.size());
+      W::forward(p, xb.data(), wf.data(), bf.data(), y.data());
+      W::backward_data(p, gyb.data(), wf.data(), gx.data());
+      W::backward_weights(p, xb.data(), gyb.data(), gw.data(), gb.data());
+
+      // Every value within half a bfloat16 step, give or take 1e-5 of the largest; and nearly
+      // every one the reference's own nearest bfloat16 (a value of the reference that lies
+      // within float32 rounding of halfway between two may round either way).
+      auto rounded_once = [](const std::vector<double>& got, const std::vector<double>& want) {
+        double scale = 1e-30;
+        for (double v : want) scale = std::max(scale, std::abs(v));
+        size_t far = 0, other = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (std::abs(got[i] - want[i]) > std::ldexp(std::abs(want[i]), -8) + 1e-5 * scale) ++far;
+          const float nearest = BFloat16(static_cast<float>(want[i]));
+          if (static_cast<float>(got[i]) != nearest) ++other;
+        }
+        CHECK(far == 0);
+        CHECK(other <= want.size() / 100);
+      };
+      rounded_once(from_blocked(from_bf16(y), yi), d.forward(x, wt_bf16, b));
+      rounded_once(from_blocked(from_bf16(gx), xi), d.backward_data(gy, wt_bf16));
+      CHECK(rel_error(std::vector<double>(gw.begin(), gw.end()), d.backward_weights(x, gy)) < 6e-6);
+      std::vector<double> gb_ref(static_cast<size_t>(s.o), 0.0);
+      for (size_t i = 0; i < gy.size(); ++i) {
+        gb_ref[(i / static_cast<size_t>(s.h * s.w)) % static_cast<size_t>(s.o)] += gy[i];
+      }
+      CHECK(rel_error(std::vector<double>(gb.begin(), gb.end()), gb_ref) < 1e-6);
+    }
+  }
+}
+
 TEST_CASE("winograd: the AVX-512 and AVX2 forms give the same bits") {
   // Each lane of a vector computes one channel with the same operations in the same order,
   // whatever the vector's width: a model computes alike on both kinds of CPU.
@@ -228,18 +311,26 @@ TEST_CASE("winograd: the AVX-512 and AVX2 forms give the same bits") {
   const std::vector<float> wf(wt.begin(), wt.end());
   const std::vector<float> xb = to_blocked(x, {n, c, h, w, c}),
                            gyb = to_blocked(gy, {n, o, h, w, o});
+  const std::vector<uint16_t> xh = to_bf16(xb), gyh = to_bf16(gyb);  // rounded: not exact here
   std::vector<std::vector<float>> results[2];
   for (int i = 0; i < 2; ++i) {
     const W::Problem p{n, c, h, w, o, c, o, widths[static_cast<size_t>(i)]};
-    std::vector<float> y(gyb.size()), gx(xb.size()), gw(wf.size());
+    std::vector<float> y(gyb.size()), gx(xb.size()), gw(wf.size()), gw_bf16(wf.size());
     W::forward(p, xb.data(), wf.data(), nullptr, y.data());
     W::backward_data(p, gyb.data(), wf.data(), gx.data());
     W::backward_weights(p, xb.data(), gyb.data(), gw.data(), nullptr);
-    results[i] = {y, gx, gw};
+    W::Problem q = p;
+    q.bf16 = true;
+    std::vector<uint16_t> yh(gyb.size()), gxh(xb.size());
+    W::forward(q, xh.data(), wf.data(), nullptr, yh.data());
+    W::backward_data(q, gyh.data(), wf.data(), gxh.data());
+    W::backward_weights(q, xh.data(), gyh.data(), gw_bf16.data(), nullptr);
+    results[i] = {y, gx, gw, from_bf16(yh), from_bf16(gxh), gw_bf16};
   }
-  CHECK(results[0][0] == results[1][0]);
-  CHECK(results[0][1] == results[1][1]);
-  CHECK(results[0][2] == results[1][2]);
+  for (size_t k = 0; k < results[0].size(); ++k) {
+    CAPTURE(k);  // y, gx, gw in float32, then in bfloat16
+    CHECK(results[0][k] == results[1][k]);
+  }
 }
 
 TEST_CASE("winograd: runs only what it can: whole vectors of channels, a known width and tile") {
@@ -295,4 +386,59 @@ TEST_CASE("winograd: conv2d runs it for 3x3 convolutions oneDNN runs directly, s
     CHECK(ops::max_abs_diff(ours[i], direct[i]) > 0);
     CHECK(ops::max_abs_diff(ours[i], again[i]) == 0);
   }
+}
+
+TEST_CASE("winograd: bfloat16 conv2d runs it backward where the CPU has no AMX, same results") {
+  using nn::onednn::ConvAlgorithm;
+  DDP_SKIP_IF(!nn::onednn::cpu_has_bf16_kernels(), "oneDNN runs no bfloat16 on this CPU");
+  DDP_SKIP_IF(!W::fits({1, 16, 4, 4, 16, 16, 16, 16}), "our kernel needs AVX-512 here");
+  const bool amx = nn::onednn::cpu_isa_name() == "avx512_core_amx";
+  const ConvAlgorithm before = nn::onednn::conv_algorithm();
+  nn::onednn::Conv2dParams p;
+  p.n = 4, p.c = 16, p.h = 10, p.w = 12, p.o = 32, p.kh = 3, p.kw = 3, p.pad_h = 1, p.pad_w = 1;
+  nn::onednn::ConvTypes types;
+  types.prec = nn::onednn::Precision::BFloat16;
+  types.x = types.y = nn::onednn::Element::BFloat16;
+  types.x_nhwc = true;
+  std::mt19937 rng(13);
+  auto bf16_array = [&](int64_t count) {
+    const std::vector<double> v = bf16_randoms(static_cast<size_t>(count), rng);
+    return to_bf16(std::vector<float>(v.begin(), v.end()));
+  };
+  const std::vector<uint16_t> x = bf16_array(p.n * p.c * p.h * p.w);
+  const std::vector<uint16_t> gy = bf16_array(p.n * p.o * p.h * p.w);
+  const std::vector<double> wd = randoms(static_cast<size_t>(p.o * p.c * 9), rng);
+  const std::vector<float> w(wd.begin(), wd.end());
+  struct Result {
+    std::vector<float> y, gx, gw;
+  };
+  auto run = [&](ConvAlgorithm a) {
+    nn::onednn::set_conv_algorithm(a);
+    std::vector<uint16_t> y(gy.size()), gx(x.size());
+    std::vector<float> gw(w.size());
+    nn::onednn::conv2d_forward(p, x.data(), w.data(), nullptr, y.data(), types);
+    nn::onednn::conv2d_backward(p, x.data(), nullptr, gy.data(), w.data(), gx.data(), gw.data(),
+                                nullptr, types);
+    return Result{from_bf16(y), from_bf16(gx), gw};
+  };
+  const Result ours = run(ConvAlgorithm::Auto);
+  const Result theirs = run(ConvAlgorithm::OneDnnOnly);
+  nn::onednn::set_conv_algorithm(before);
+  // Forward is oneDNN's either way.
+  CHECK(ours.y == theirs.y);
+  // Both are float32 sums of the same bfloat16 products, in another order; gx is then rounded to
+  // bfloat16, so the two can differ by one bfloat16 step.
+  double gx_diff = 0, gx_scale = 0, gw_diff = 0, gw_scale = 0;
+  for (size_t i = 0; i < ours.gx.size(); ++i) {
+    gx_diff = std::max(gx_diff, static_cast<double>(std::abs(ours.gx[i] - theirs.gx[i])));
+    gx_scale = std::max(gx_scale, static_cast<double>(std::abs(theirs.gx[i])));
+  }
+  for (size_t i = 0; i < ours.gw.size(); ++i) {
+    gw_diff = std::max(gw_diff, static_cast<double>(std::abs(ours.gw[i] - theirs.gw[i])));
+    gw_scale = std::max(gw_scale, static_cast<double>(std::abs(theirs.gw[i])));
+  }
+  CHECK(gx_diff <= std::ldexp(gx_scale, -7));
+  CHECK(gw_diff <= 1e-5 * gw_scale);
+  // Ours ran (other float32 rounding) where there is no AMX; with AMX oneDNN's kernels did.
+  CHECK((gw_diff > 0) == !amx);
 }
