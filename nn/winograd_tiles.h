@@ -431,13 +431,16 @@ inline void transform_outputs(const float* m, const float* bias, const Tiles& ti
 // filters' taps with their output channels innermost, [rows][9][out].
 inline void transform_filters(const float* taps, int positions, const float* wt, int64_t rows,
                               int64_t out, int64_t first, int64_t last, float* u) {
-  for (int pos = 0; pos < positions; ++pos) {
-    for (int64_t row = first; row < last; ++row) {
-      for (int64_t k = 0; k < out; k += kLanes) {
+  for (int64_t row = first; row < last; ++row) {
+    for (int64_t k = 0; k < out; k += kLanes) {
+      vec taps_of_row[9];  // loaded once for all n * n positions
+#pragma GCC unroll 9
+      for (int t = 0; t < 9; ++t) taps_of_row[t] = load(wt + (row * 9 + t) * out + k);
+      for (int pos = 0; pos < positions; ++pos) {
         vec acc{};
 #pragma GCC unroll 9
         for (int t = 0; t < 9; ++t) {
-          acc = fma(splat(taps[t * positions + pos]), load(wt + (row * 9 + t) * out + k), acc);
+          acc = fma(splat(taps[t * positions + pos]), taps_of_row[t], acc);
         }
         store(u + (pos * rows + row) * out + k, acc);
       }
@@ -450,14 +453,17 @@ inline void transform_filters(const float* taps, int positions, const float* wt,
 inline void filters_from_sums(const float* taps, int positions, const float* s, int64_t c,
                               int64_t o, int64_t first, int64_t last, float* gt) {
   for (int64_t ch = first; ch < last; ++ch) {
-    for (int t = 0; t < 9; ++t) {
-      for (int64_t k = 0; k < o; k += kLanes) {
-        vec acc{};
-        for (int pos = 0; pos < positions; ++pos) {
-          acc = fma(splat(taps[t * positions + pos]), load(s + (pos * c + ch) * o + k), acc);
-        }
-        store(gt + (ch * 9 + t) * o + k, acc);
+    for (int64_t k = 0; k < o; k += kLanes) {
+      // The nine taps' sums side by side: nine independent chains of multiply-adds, where one
+      // tap at a time would wait out each one's latency (a chain of n * n).
+      vec acc[9] = {};
+      for (int pos = 0; pos < positions; ++pos) {
+        const vec sum = load(s + (pos * c + ch) * o + k);
+#pragma GCC unroll 9
+        for (int t = 0; t < 9; ++t) acc[t] = fma(splat(taps[t * positions + pos]), sum, acc[t]);
       }
+#pragma GCC unroll 9
+      for (int t = 0; t < 9; ++t) store(gt + (ch * 9 + t) * o + k, acc[t]);
     }
   }
 }
