@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -295,6 +296,32 @@ TEST_CASE("winograd: bfloat16 activations: float32 arithmetic, each output round
       }
       CHECK(rel_error(std::vector<double>(gb.begin(), gb.end()), gb_ref) < 1e-6);
     }
+  }
+}
+
+TEST_CASE("winograd: bfloat16 outputs keep a NaN a NaN") {
+  // A NaN whose low bits are all ones (here from the bias, which stays float32) would round up
+  // into the sign bit and come out -0 if rounded like a number.
+  const std::vector<int64_t> widths = cpu_lanes();
+  DDP_SKIP_IF(widths.empty(), "this CPU has neither AVX-512 nor AVX2 with FMA");
+  for (int64_t lanes : widths) {
+    CAPTURE(lanes);
+    const int64_t n = 1, c = lanes, h = 5, w = 6, o = lanes;
+    const W::Problem p{n, c, h, w, o, c, o, lanes, 4, true};
+    const std::vector<uint16_t> x(static_cast<size_t>(n * c * h * w), BFloat16(1.0F).x);
+    const std::vector<float> wt(static_cast<size_t>(o * c * 9), 0.5F);
+    std::vector<float> b(static_cast<size_t>(o), 0.0F);
+    const uint32_t nan_bits = 0x7fffffffU;
+    std::memcpy(&b[0], &nan_bits, sizeof nan_bits);
+    std::vector<uint16_t> y(static_cast<size_t>(n * o * h * w));
+    W::forward(p, x.data(), wt.data(), b.data(), y.data());
+    size_t nan0 = 0, nan_other = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      const bool nan = std::isnan(static_cast<float>(BFloat16::from_bits(y[i])));
+      (i % static_cast<size_t>(o) == 0 ? nan0 : nan_other) += nan ? 1 : 0;
+    }
+    CHECK(nan0 == static_cast<size_t>(n * h * w));  // channel 0 of every pixel (NHWC)
+    CHECK(nan_other == 0);
   }
 }
 
