@@ -248,24 +248,27 @@ constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 // Note [Winograd of our own]
 // Every float32 3x3, stride-1, padding-1 convolution of up to 64 channels in and out whose
 // activations are channels-last or blocked in whole vector registers runs our own F(4x4, 3x3)
-// (Note [Winograd F(m x m, 3x3)] in nn/winograd.cpp): where oneDNN 2.6 would run it directly (below 32 channels, and on CPUs without
-// AVX-512 every stage) and where it would run its own F(4x4, 3x3), which was no faster. So every
-// CPU kind runs the same algorithm, and the AVX-512 and AVX2 forms give the same bits. An NCHW
-// call, other paddings and strides and DDPLAB_CONV_ALGO=onednn keep oneDNN's kernels; its
-// primitives are built in any case, for the layouts they choose.
+// (Note [Winograd F(m x m, 3x3)] in nn/winograd.cpp): where oneDNN 2.6 would run it directly
+// (below 32 channels, and on CPUs without AVX-512 every stage) and where it would run its own
+// F(4x4, 3x3), which was no faster. So every CPU kind runs the same algorithm, and the AVX-512
+// and AVX2 forms give the same bits. An NCHW call, other paddings and strides and
+// DDPLAB_CONV_ALGO=onednn keep oneDNN's kernels; its primitives are built in any case, for the
+// layouts they choose.
 //
 // Under autocast (bfloat16 activations in and out) ours runs backward data and weights, reading
 // and writing bfloat16 but computing in float32 (Note [bfloat16 activations] in nn/winograd.cpp),
-// on CPUs without AMX; the forward stays with oneDNN's bfloat16 kernels, whose dot products run
-// at twice the float32 rate there. Measured 2026-12-07 on the Zen 4, resnet20, batch 128,
-// 2 threads (bench_train.py --driver --variants ddplab+bf16, 6-8 interleaved rounds, medians):
-// ours in both backward passes 0.95x the step with oneDNN's only, in backward weights alone 0.97x;
-// ours in the forward too 0.97-1.02x (its forward 33-36 ms against 31). Per call (batch 128, 2
-// threads, ms forward / backward data / backward weights, oneDNN's bfloat16 vs ours): 16 channels
-// 1.44 / 1.42 / 2.14 vs 1.44 / 1.46 / 2.19; 32: 1.32 / 1.21 / 1.71 vs 1.33 / 1.22 / 1.41; 64:
-// 1.21 / 1.19 / 1.49 vs 1.15 / 1.15 / 1.18. With AMX oneDNN's bfloat16 kernels are much faster
-// than float32 arithmetic can be (the bfloat16 step 1.92-2.04x float32's there), so they keep
-// every pass.
+// on CPUs without AMX; the forward stays with oneDNN's bfloat16 kernels (AVX512-BF16 dot
+// products), as fast per call and faster in the network. Measured 2026-12-07 on the Zen 4,
+// resnet20, batch 128, 2 threads (bench_train.py --driver --variants ddplab+bf16, 6-8
+// interleaved rounds, medians): ours in both backward passes 0.95x the step with oneDNN's only,
+// in backward weights alone 0.97x; ours in the forward too 0.97-1.02x (its forward 33-36 ms
+// against 31). Per call (batch 128, 2 threads, ms forward / backward data / backward weights,
+// oneDNN's bfloat16 vs ours):
+//   16 channels: 1.44 / 1.42 / 2.14  vs  1.44 / 1.46 / 2.19
+//   32 channels: 1.32 / 1.21 / 1.71  vs  1.33 / 1.22 / 1.41
+//   64 channels: 1.21 / 1.19 / 1.49  vs  1.15 / 1.15 / 1.18
+// With AMX oneDNN's bfloat16 kernels are much faster than float32 arithmetic can be (the
+// bfloat16 step 1.92-2.04x float32's there), so they keep every pass.
 //
 // Measured 2026-12-07 on an AMD EPYC (Zen 4), batch 128, 2 threads, ms per call forward / backward
 // data / backward weights, oneDNN vs ours, each best of 12 rounds of 10 calls on the same arrays:
