@@ -258,12 +258,12 @@ constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 // Under autocast (bfloat16 activations in and out) ours runs backward data and weights, reading
 // and writing bfloat16 but computing in float32 (Note [bfloat16 activations] in nn/winograd.cpp),
 // on CPUs without AMX; the forward stays with oneDNN's bfloat16 kernels (AVX512-BF16 dot
-// products), as fast per call and faster in the network. Measured 2026-12-07 on the Zen 4,
-// resnet20, batch 128, 2 threads (bench_train.py --driver --variants ddplab+bf16, 6-8
-// interleaved rounds, medians): ours in both backward passes 0.95x the step with oneDNN's only,
-// in backward weights alone 0.97x; ours in the forward too 0.97-1.02x (its forward 33-36 ms
-// against 31). Per call (batch 128, 2 threads, ms forward / backward data / backward weights,
-// oneDNN's bfloat16 vs ours):
+// products), which ours did not beat. Measured 2026-12-07 on the Zen 4, resnet20, batch 128,
+// 2 threads (bench_train.py --driver --variants ddplab+bf16, 6-8 interleaved rounds, medians):
+// ours in both backward passes 0.95x the step with oneDNN's only, in backward weights alone
+// 0.97x; ours in the forward as well, against ours in the backward only, 1.01x (ours in every
+// pass against oneDNN's only: 0.97-1.02x). Per call (batch 128, 2 threads, ms forward /
+// backward data / backward weights, oneDNN's bfloat16 vs ours):
 //   16 channels: 1.44 / 1.42 / 2.14  vs  1.44 / 1.46 / 2.19
 //   32 channels: 1.32 / 1.21 / 1.71  vs  1.33 / 1.22 / 1.41
 //   64 channels: 1.21 / 1.19 / 1.49  vs  1.15 / 1.15 / 1.18
