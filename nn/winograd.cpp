@@ -261,18 +261,18 @@ struct FilterMatrix<4> {
 // faster in the AVX2 case (6 interleaved rounds; the same time without the limit).
 class Floats {
  public:
+  Floats() = default;  // none yet
   explicit Floats(int64_t count)
-      : block_(cpu_allocator().allocate(static_cast<size_t>(count) * sizeof(float))) {}
+      : block_(cpu_allocator().allocate(static_cast<size_t>(count) * sizeof(float))),
+        count_(count) {}
   float* get() const { return static_cast<float*>(block_.get()); }
   float& operator[](int64_t i) const { return get()[i]; }
+  int64_t size() const { return count_; }
 
  private:
   DataPtr block_;
+  int64_t count_ = 0;
 };
-
-Floats uninitialized(int64_t count) {
-  return Floats(count);
-}
 
 // The filter transform as one matrix: element (n p + q) of G g G^T is sum_ij G[p][i] g[i][j]
 // G[q][j], so C[3 i + j][n p + q] = G[p][i] G[q][j] (computed in double, rounded once) maps the 9
@@ -312,7 +312,7 @@ template <class T>
 Floats transform_weights(const Kernels<T>& k, const Problem& p, const float* w, bool turned) {
   const int positions = (k.m + 2) * (k.m + 2);
   const int64_t in = turned ? p.o : p.c, out = turned ? p.c : p.o;
-  const Floats wt = uninitialized(in * 9 * out);
+  const Floats wt(in * 9 * out);
   for (int64_t ko = 0; ko < p.o; ++ko) {
     for (int64_t ch = 0; ch < p.c; ++ch) {
       const int64_t row = turned ? ko : ch, col = turned ? ch : ko;
@@ -322,7 +322,7 @@ Floats transform_weights(const Kernels<T>& k, const Problem& p, const float* w, 
       }
     }
   }
-  Floats u = uninitialized(positions * in * out);
+  Floats u(positions * in * out);
   const float* taps = tap_matrix(k.m);
 #pragma omp parallel for schedule(static) if (in * out > 1024)
   for (int64_t row = 0; row < in; ++row) {
@@ -336,13 +336,9 @@ Floats transform_weights(const Kernels<T>& k, const Problem& p, const float* w, 
 // from call to call, so it gets back the same memory, warm in its own caches (a block from the
 // shared pool may have been another core's last), aligned to cache lines as the vectors are.
 float* scratch(int slot, int m, int64_t channels) {
-  thread_local Floats kept[2] = {Floats(0), Floats(0)};
-  thread_local int64_t kept_count[2] = {0, 0};
+  thread_local Floats kept[2];
   const int64_t count = (m + 2) * (m + 2) * avx2::position_stride(kChunk, channels);
-  if (kept_count[slot] < count) {
-    kept[slot] = Floats(count);
-    kept_count[slot] = count;
-  }
+  if (kept[slot].size() < count) kept[slot] = Floats(count);
   return kept[slot].get();
 }
 
@@ -403,7 +399,7 @@ void backward_weights_as(const Problem& p, const void* x, const void* gy, float*
   const int64_t chunks = (tiles.count() + kChunk - 1) / kChunk;
   const size_t per_thread = static_cast<size_t>((k.m + 2) * (k.m + 2) * p.c * p.o);
   // Each thread's sums, zeroed by the thread itself (the first touch also puts them near it).
-  const Floats sums = uninitialized(static_cast<int64_t>(per_thread) * omp_get_max_threads());
+  const Floats sums(static_cast<int64_t>(per_thread) * omp_get_max_threads());
   int threads = 1;
 #pragma omp parallel
   {
@@ -426,7 +422,7 @@ void backward_weights_as(const Problem& p, const void* x, const void* gy, float*
     }
   }
   // dw = G^T S G, first as [c][9][o] (vectors of output channels), then into OIHW.
-  const Floats gt = uninitialized(p.c * 9 * p.o);
+  const Floats gt(p.c * 9 * p.o);
   const int positions = (k.m + 2) * (k.m + 2);
 #pragma omp parallel for schedule(static) if (p.c * p.o > 1024)
   for (int64_t ch = 0; ch < p.c; ++ch) {
