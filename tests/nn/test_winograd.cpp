@@ -134,6 +134,14 @@ struct Direct {
     each_tap([&](size_t yi, size_t xi, size_t wi) { gw[wi] += gy[yi] * x[xi]; });
     return gw;
   }
+  // The bias gradient: gy summed over images and pixels, per output channel.
+  std::vector<double> backward_bias(const std::vector<double>& gy) const {
+    std::vector<double> gb(static_cast<size_t>(o), 0.0);
+    for (size_t i = 0; i < gy.size(); ++i) {
+      gb[(i / static_cast<size_t>(h * w)) % static_cast<size_t>(o)] += gy[i];
+    }
+    return gb;
+  }
 };
 
 // Every (vector width, tile size) pair to run.
@@ -153,11 +161,15 @@ std::vector<double> randoms(size_t count, std::mt19937& rng) {
   return out;
 }
 
+// Each value rounded to the nearest bfloat16.
+std::vector<double> rounded_to_bf16(std::vector<double> values) {
+  for (double& v : values) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+  return values;
+}
+
 // `count` normal values rounded to bfloat16.
 std::vector<double> bf16_randoms(size_t count, std::mt19937& rng) {
-  std::vector<double> out = randoms(count, rng);
-  for (double& v : out) v = static_cast<float>(BFloat16(static_cast<float>(v)));
-  return out;
+  return rounded_to_bf16(randoms(count, rng));
 }
 
 // The largest difference relative to the largest reference value.
@@ -227,11 +239,7 @@ TEST_CASE("winograd: forward, backward data and backward weights equal a direct 
         CHECK(rel_error(from_blocked(gx, xi), gx_ref) < bound[tile]);
         W::backward_weights(p, xb.data(), gyb.data(), gw.data(), gb.data());
         CHECK(rel_error(std::vector<double>(gw.begin(), gw.end()), gw_ref) < bound[tile]);
-        std::vector<double> gb_ref(static_cast<size_t>(s.o), 0.0);
-        for (size_t i = 0; i < gy.size(); ++i) {
-          gb_ref[(i / static_cast<size_t>(s.h * s.w)) % static_cast<size_t>(s.o)] += gy[i];
-        }
-        CHECK(rel_error(std::vector<double>(gb.begin(), gb.end()), gb_ref) < 1e-6);
+        CHECK(rel_error(std::vector<double>(gb.begin(), gb.end()), d.backward_bias(gy)) < 1e-6);
       }
     }
   }
@@ -258,8 +266,7 @@ TEST_CASE("winograd: bfloat16 activations: float32 arithmetic, each output round
       const std::vector<double> gy = bf16_randoms(static_cast<size_t>(s.n * s.o * s.h * s.w), rng);
       const std::vector<double> wt = randoms(static_cast<size_t>(s.o * s.c * 9), rng);
       const std::vector<double> b = randoms(static_cast<size_t>(s.o), rng);
-      std::vector<double> wt_bf16 = wt;
-      for (double& v : wt_bf16) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+      const std::vector<double> wt_bf16 = rounded_to_bf16(wt);
       const std::vector<float> wf(wt.begin(), wt.end()), bf(b.begin(), b.end());
       const W::Problem p{s.n, s.c, s.h, s.w, s.o, s.c, s.o, lanes, 4, true};
       REQUIRE(W::fits(p));
@@ -290,11 +297,7 @@ TEST_CASE("winograd: bfloat16 activations: float32 arithmetic, each output round
       rounded_once(from_blocked(from_bf16(y), yi), d.forward(x, wt_bf16, b));
       rounded_once(from_blocked(from_bf16(gx), xi), d.backward_data(gy, wt_bf16));
       CHECK(rel_error(std::vector<double>(gw.begin(), gw.end()), d.backward_weights(x, gy)) < 6e-6);
-      std::vector<double> gb_ref(static_cast<size_t>(s.o), 0.0);
-      for (size_t i = 0; i < gy.size(); ++i) {
-        gb_ref[(i / static_cast<size_t>(s.h * s.w)) % static_cast<size_t>(s.o)] += gy[i];
-      }
-      CHECK(rel_error(std::vector<double>(gb.begin(), gb.end()), gb_ref) < 1e-6);
+      CHECK(rel_error(std::vector<double>(gb.begin(), gb.end()), d.backward_bias(gy)) < 1e-6);
     }
   }
 }
