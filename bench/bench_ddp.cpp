@@ -187,29 +187,27 @@ void bench_step(const std::string& mode, const StepConfig& config, int64_t batch
   }
 }
 
-// Bus bandwidth of an all-reduce (GB/s): 2 (W - 1) / W * bytes / time, the bytes each link
-// carries in a ring; comparable across world sizes (NCCL-tests' "busbw").
+// Seconds per all-reduce of `n` floats: one warm-up, a barrier, then `reps` back to back.
+double seconds_per_all_reduce(int64_t n, int64_t reps,
+                              const std::shared_ptr<distributed::ProcessGroup>& pg) {
+  Tensor t = ops::ones({n});
+  pg->all_reduce(t)->wait();
+  pg->barrier()->wait();
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < reps; ++i) pg->all_reduce(t)->wait();
+  return seconds_since(start) / static_cast<double>(reps);
+}
+
 void bench_allreduce(int64_t iters, const std::shared_ptr<distributed::ProcessGroup>& pg) {
   // The latency of one small collective, the size of a SyncBatchNorm layer's (129 doubles for
   // 64 channels): what each of its two collectives per layer costs at least.
-  {
-    Tensor t = ops::ones({256});
-    const int64_t reps = 1000;
-    pg->all_reduce(t)->wait();
-    pg->barrier()->wait();
-    const auto start = Clock::now();
-    for (int64_t i = 0; i < reps; ++i) pg->all_reduce(t)->wait();
-    const double per = seconds_since(start) / static_cast<double>(reps);
-    if (pg->rank() == 0) std::printf("BENCH allreduce_1KiB_us %.1f\n", 1e6 * per);
-  }
+  const double small = seconds_per_all_reduce(256, 1000, pg);
+  if (pg->rank() == 0) std::printf("BENCH allreduce_1KiB_us %.1f\n", 1e6 * small);
+  // Bus bandwidth of an all-reduce (GB/s): 2 (W - 1) / W * bytes / time, the bytes each link
+  // carries in a ring; comparable across world sizes (NCCL-tests' "busbw").
   for (int64_t n : {int64_t{1} << 20, int64_t{16} << 20}) {
-    Tensor t = ops::ones({n});
     const int64_t reps = n > (1 << 20) ? std::max<int64_t>(iters / 4, 3) : iters;
-    pg->all_reduce(t)->wait();  // warm-up
-    pg->barrier()->wait();
-    const auto start = Clock::now();
-    for (int64_t i = 0; i < reps; ++i) pg->all_reduce(t)->wait();
-    const double per = seconds_since(start) / static_cast<double>(reps);
+    const double per = seconds_per_all_reduce(n, reps, pg);
     const double w = pg->size();
     const double busbw = 2 * (w - 1) / w * static_cast<double>(n) * 4 / per / 1e9;
     if (pg->rank() == 0) {

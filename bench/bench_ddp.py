@@ -125,22 +125,19 @@ def torch_worker(rank, world, port, steps, allreduce, queue):
             queue.put(result)
         dist.destroy_process_group()
         return
-    t = torch.ones(256)  # one small collective: what a SyncBatchNorm layer's costs at least
-    dist.all_reduce(t)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(1000):
-        dist.all_reduce(t)
-    result["allreduce_1KiB_us"] = 1e6 * (time.perf_counter() - start) / 1000
-    for n in (1 << 20, 16 << 20):
+    def seconds_per_all_reduce(n, reps):  # one warm-up, a barrier, then reps back to back
         t = torch.ones(n)
-        reps = 20 if n == 1 << 20 else 5
         dist.all_reduce(t)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(reps):
             dist.all_reduce(t)
-        per = (time.perf_counter() - start) / reps
+        return (time.perf_counter() - start) / reps
+
+    # One small collective: what each of a SyncBatchNorm layer's costs at least.
+    result["allreduce_1KiB_us"] = 1e6 * seconds_per_all_reduce(256, 1000)
+    for n in (1 << 20, 16 << 20):
+        per = seconds_per_all_reduce(n, 20 if n == 1 << 20 else 5)
         result["allreduce_%dM_ms" % (n >> 20)] = 1e3 * per
         result["allreduce_%dM_busbw_GBps" % (n >> 20)] = 2 * (world - 1) / world * n * 4 / per / 1e9
     dist.barrier()
