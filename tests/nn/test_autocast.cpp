@@ -71,12 +71,14 @@ struct Run {
 using Layer = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
 
 // y = layer(x, w, b) on `device` and the three gradients for a random output gradient, under
-// autocast to `amp` when given (else in float32); the results come back on the CPU.
+// autocast to `amp` when given (else in float32); the results come back on the CPU. x, w and b
+// are copied (ops::to on their own device would return them, and two runs would then add their
+// gradients into one tensor and compare it with itself).
 Run run_layer_on(const Layer& layer, const Tensor& x0, const Tensor& w0, const Tensor& b0,
                  std::optional<DType> amp, Device device) {
-  Tensor x = ops::to(x0, device).set_requires_grad(true);
-  Tensor w = ops::to(w0, device).set_requires_grad(true);
-  Tensor b = ops::to(b0, device).set_requires_grad(true);
+  Tensor x = ops::clone(ops::to(x0, device)).set_requires_grad(true);
+  Tensor w = ops::clone(ops::to(w0, device)).set_requires_grad(true);
+  Tensor b = ops::clone(ops::to(b0, device)).set_requires_grad(true);
   Tensor y;
   {
     std::optional<amp::AutocastGuard> autocast;
