@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -353,6 +354,16 @@ auto with_algorithm(bool winograd, Make make, bool* got = nullptr)
 // (jit:avx512_core_amx_bf16): built for one thread there it cost resnet20's bfloat16 step 5%
 // quiet and 10% loaded (8 interleaved rounds, 2 threads, Xeon with AMX, 2026-12-03). The cap is
 // therefore tied to jit_bf16 by its name, not to the data type.
+//
+// One thread on the whole batch leaves the other cores idle, though: `perf` of resnet20's
+// bfloat16 step (2 threads) found the second thread waiting through these calls, about 4 ms of
+// a 100 ms step. So the batch is split as oneDNN's own kernels split work that has no shared
+// state: each thread runs a one-thread primitive built for its part of the images, into a
+// weight gradient of its own, and the parts are summed in a fixed order (so a run repeats its
+// bits; with another thread count the sums' order, and so the last bits, differ, as for every
+// multi-threaded oneDNN kernel). Each part's scratch memory is its own (oneDNN's "user"
+// scratchpad) and so is its stream. Batches that the thread count does not divide keep the one
+// thread.
 
 struct ConvPrimitives {
   Conv2dParams p;
@@ -378,6 +389,11 @@ struct ConvPrimitives {
   dnnl::convolution_backward_weights bwd_weights;
   Arg bw_x, bw_gy, bw_gw;
   Arg bw_x_b, bw_gy_b;
+  // Note [bf16 strided weight gradient]: the batch in `bw_parts` parts, one thread each.
+  int bw_parts = 1;
+  dnnl::convolution_backward_weights bw_part;
+  memory::desc bw_part_x, bw_part_gy;  // one part's x and gy (x, gy sliced by images)
+  memory::desc bw_part_scratch;        // oneDNN's scratch memory of one part
 
   // `algorithm`: the setting, read once by the caller that keys the cache with it.
   ConvPrimitives(const Conv2dParams& params, ConvTypes types, ConvAlgorithm algorithm)
@@ -503,11 +519,14 @@ struct ConvPrimitives {
     };
     auto pd = make_pd();
     // jit_bf16 fixes its thread count when it is built: for a strided convolution, build it again
-    // for one thread (Note [bf16 strided weight gradient]).
+    // for one thread, and once more for one part of the batch per thread (Note [bf16 strided
+    // weight gradient]).
     if ((p.stride_h > 1 || p.stride_w > 1) &&
         std::strncmp(pd.impl_info_str(), "jit_bf16", 8) == 0) {
+      const int threads = get_num_threads();
       ScopedNumThreads one(1);
       pd = make_pd();
+      if (threads > 1 && p.n % threads == 0) build_batch_parts(pd, threads);
     }
     bwd_weights = dnnl::convolution_backward_weights(pd);
     bw_x = Arg(x_plain, pd.src_desc(), true);
@@ -516,7 +535,104 @@ struct ConvPrimitives {
     bw_x_b = blocked_twin(bw_x, true);
     bw_gy_b = blocked_twin(bw_gy, true);
   }
+
+  // The one-thread primitive of `parts` equal slices of the batch, for the layouts `whole` reads.
+  // Only layouts that hold the images one after another can be sliced by an offset; the part's
+  // primitive must be the same kernel (else the whole batch stays on one thread).
+  void build_batch_parts(const dnnl::convolution_backward_weights::primitive_desc& whole,
+                         int parts) {
+    const memory::desc x = whole.src_desc(), gy = whole.diff_dst_desc();
+    auto images_in_order = [](const memory::desc& d) {
+      const memory::dims dims = dims_of(d);
+      const dt t = type_of(d);
+      for (tag f : {tag::nchw, tag::nhwc, tag::aBcd8b, tag::aBcd16b})
+        if (d == memory::desc(dims, t, f)) return true;
+      return false;
+    };
+    if (!images_in_order(x) || !images_in_order(gy)) return;
+    const int64_t n = p.n / parts;
+    const memory::dims zero = {0, 0, 0, 0};
+    const memory::desc px = x.submemory_desc({n, p.c, p.h, p.w}, zero);
+    const memory::desc pgy = gy.submemory_desc({n, p.o, p.out_h(), p.out_w()}, zero);
+    const memory::desc gb_md = p.has_bias ? b_plain : memory::desc();
+    const memory::desc w_any(dims_of(w_plain), operand, tag::any);
+    const auto direct = dnnl::algorithm::convolution_direct;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+#if DNNL_VERSION_MAJOR >= 3
+    dnnl::convolution_forward::primitive_desc hint(engine(), dnnl::prop_kind::forward_training,
+                                                   direct, px, w_any, gb_md, pgy, strides, dilates,
+                                                   pad_l, pad_r);
+    dnnl::convolution_backward_weights::primitive_desc pd(
+        engine(), direct, px, whole.diff_weights_desc(), gb_md, pgy, strides, dilates, pad_l, pad_r,
+        hint, attr);
+#else
+    dnnl::convolution_forward::desc f(dnnl::prop_kind::forward_training, direct, px, w_any, gb_md,
+                                      pgy, strides, dilates, pad_l, pad_r);
+    dnnl::convolution_forward::primitive_desc hint(f, engine());
+    dnnl::convolution_backward_weights::desc d(direct, px, whole.diff_weights_desc(), gb_md, pgy,
+                                               strides, dilates, pad_l, pad_r);
+    dnnl::convolution_backward_weights::primitive_desc pd(d, attr, engine(), hint);
+#endif
+    if (std::strcmp(pd.impl_info_str(), whole.impl_info_str()) != 0 || pd.src_desc() != px ||
+        pd.diff_dst_desc() != pgy || pd.diff_weights_desc() != whole.diff_weights_desc()) {
+      return;
+    }
+    bw_part = dnnl::convolution_backward_weights(pd);
+    bw_part_x = px;
+    bw_part_gy = pgy;
+    bw_part_scratch = pd.scratchpad_desc();
+    bw_parts = parts;
+  }
 };
+
+// The weight gradient of Note [bf16 strided weight gradient]'s split: part i of x and gy on
+// thread i, into gw (part 0) or a buffer of its own, then summed into gw in part order.
+void backward_weights_in_parts(const ConvPrimitives& cp, const memory& x, const memory& gy,
+                               const memory& gw, float* gb, Scratch& s) {
+  const int parts = cp.bw_parts;
+  const size_t gw_bytes = gw.get_desc().get_size(),
+               gb_bytes = cp.p.has_bias ? cp.p.o * sizeof(float) : 0;
+  std::vector<float*> gws(parts), gbs(parts);
+  std::vector<void*> scratch(parts);
+  for (int i = 0; i < parts; ++i) {
+    gws[i] =
+        i == 0 ? static_cast<float*>(gw.get_data_handle()) : static_cast<float*>(s.get(gw_bytes));
+    gbs[i] = gb_bytes == 0 ? nullptr : i == 0 ? gb : static_cast<float*>(s.get(gb_bytes));
+    const size_t scratch_bytes = cp.bw_part_scratch.get_size();
+    scratch[i] = scratch_bytes != 0 ? s.get(scratch_bytes) : nullptr;
+  }
+  auto* x0 = static_cast<char*>(x.get_data_handle());
+  auto* gy0 = static_cast<char*>(gy.get_data_handle());
+  const memory::desc& gw_md = gw.get_desc();
+  std::vector<std::exception_ptr> failed(parts);
+  // A loop, not one part per thread id: where fewer threads come (a nested call), each runs
+  // several parts.
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+  for (int i = 0; i < parts; ++i) {
+    try {
+      dnnl::stream own(engine());
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, memory(cp.bw_part_x, engine(), x0 + i * cp.bw_part_x.get_size())},
+          {DNNL_ARG_DIFF_DST, memory(cp.bw_part_gy, engine(), gy0 + i * cp.bw_part_gy.get_size())},
+          {DNNL_ARG_DIFF_WEIGHTS, memory(gw_md, engine(), gws[i])}};
+      if (gb_bytes != 0) args.emplace(DNNL_ARG_DIFF_BIAS, memory(cp.b_plain, engine(), gbs[i]));
+      if (scratch[i] != nullptr)
+        args.emplace(DNNL_ARG_SCRATCHPAD, memory(cp.bw_part_scratch, engine(), scratch[i]));
+      cp.bw_part.execute(own, args);
+      own.wait();
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  }
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
+  const size_t w_count = gw_bytes / sizeof(float), b_count = gb_bytes / sizeof(float);
+  for (int i = 1; i < parts; ++i) {
+    for (size_t k = 0; k < w_count; ++k) gws[0][k] += gws[i][k];
+    for (size_t k = 0; k < b_count; ++k) gbs[0][k] += gbs[i][k];
+  }
+}
 
 // The cache key: a convolution, its types, the algorithm setting (set_conv_algorithm can change
 // it between calls) and the thread count of the calling thread:
@@ -760,7 +876,11 @@ void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, 
         }
         args.emplace(DNNL_ARG_DIFF_BIAS, memory(cp.b_plain, engine(), gb));
       }
-      cp.bwd_weights.execute(stream(), args);
+      if (cp.bw_parts > 1) {
+        backward_weights_in_parts(cp, xm, gym, gwm, p.has_bias ? gb : nullptr, s);
+      } else {
+        cp.bwd_weights.execute(stream(), args);
+      }
       finish_output(cp.bw_gw, gwm, gw);
     }
     stream().wait();
@@ -797,6 +917,12 @@ size_t conv_cache_size() {
 
 std::string conv_forward_impl_name(const Conv2dParams& p, ConvTypes types) {
   return primitives_for(p, types).fwd_pd.impl_info_str();
+}
+
+int conv_backward_weights_parts(const Conv2dParams& p, ConvTypes types) {
+  ConvPrimitives& cp = primitives_for(p, types);
+  std::call_once(cp.bwd_weights_once, [&] { cp.build_backward_weights(); });
+  return cp.bw_parts;
 }
 
 int major_version() {

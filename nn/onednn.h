@@ -140,5 +140,9 @@ int major_version();
 size_t conv_cache_size();
 // oneDNN's name for the forward kernel it picked for `p` (e.g. "brg:avx512_core").
 std::string conv_forward_impl_name(const Conv2dParams& p, ConvTypes types = {});
+// In how many parts of the batch, one thread each, the weight gradient of `p` runs on the calling
+// thread's thread count: 1, except for bfloat16 strided convolutions on oneDNN's jit_bf16 kernel
+// (Note [bf16 strided weight gradient] in nn/onednn.cpp).
+int conv_backward_weights_parts(const Conv2dParams& p, ConvTypes types = {});
 
 }  // namespace ddplab::nn::onednn

@@ -21,6 +21,7 @@
 #include "nn/onednn.h"
 #include "optim/sgd.h"
 #include "tensor/ops.h"
+#include "tensor/threads.h"
 #include "tests/test_util.h"
 
 using namespace ddplab;
@@ -137,6 +138,45 @@ TEST_CASE("autocast bf16: conv2d is close to float32, with bfloat16 output, floa
   // summation order).
   Tensor ref = F::conv2d(rounded_to_bf16(x), rounded_to_bf16(w), b, {2, 2}, {1, 1});
   CHECK(max_bf16_ulps(bf.y, ref, 1e-5) <= 1);
+}
+
+TEST_CASE(
+    "autocast bf16: a strided convolution's weight gradient, its batch split over two threads, "
+    "is the one-thread gradient") {
+  DDP_SKIP_IF(!nn::onednn::cpu_has_bf16_kernels(), kNoBf16);
+  Generator g(5);
+  Tensor w = ops::mul(ops::randn({32, 16, 3, 3}, kFloat32, &g), 0.1);
+  Tensor b = ops::randn({32}, kFloat32, &g);
+  auto conv = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return F::conv2d(x, w, b, {2, 2}, {1, 1});
+  };
+  // 6 images: three per thread; 5: the thread count does not divide them, one thread runs all.
+  for (int64_t n : {6, 5}) {
+    CAPTURE(n);
+    Tensor x = ops::randn({n, 16, 12, 12}, kFloat32, &g);
+    Run two, one;
+    {
+      ScopedNumThreads t(2);
+      two = run_layer(conv, x, w, b, true);
+      nn::onednn::Conv2dParams p;
+      p.n = n, p.c = 16, p.h = p.w = 12, p.o = 32, p.kh = p.kw = 3;
+      p.stride_h = p.stride_w = 2, p.pad_h = p.pad_w = 1, p.has_bias = true;
+      nn::onednn::ConvTypes types;
+      types.prec = nn::onednn::Precision::BFloat16;
+      types.x = types.y = nn::onednn::Element::BFloat16;
+      // With AMX oneDNN runs another kernel, which keeps its threads.
+      const int parts = nn::onednn::conv_backward_weights_parts(p, types);
+      if (nn::onednn::cpu_isa_name() != "avx512_core_amx") CHECK(parts == (n == 6 ? 2 : 1));
+    }
+    {
+      ScopedNumThreads t(1);
+      one = run_layer(conv, x, w, b, true);
+    }
+    // The same bfloat16 operands: only the order of the float32 sums differs.
+    CHECK(ops::max_rel_error(two.gw, one.gw) < 1e-5);
+    CHECK(ops::max_rel_error(two.gb, one.gb) < 1e-5);
+    CHECK(ops::max_rel_error(two.gx, one.gx) < 1e-5);
+  }
 }
 
 TEST_CASE("autocast bf16: linear is close to float32, with float32 output and gradients") {
