@@ -1,10 +1,13 @@
-// Tensor-core benchmark: sgemm through ddplab vs oneDNN and OpenBLAS called directly, and an
-// elementwise add of 16M floats vs memcpy bandwidth. Prints medians of interleaved runs and the
-// ratios (the machine is shared: only ratios measured in one run mean anything).
+// Tensor-core benchmark: sgemm through ddplab vs oneDNN and OpenBLAS called directly, oneDNN's
+// bfloat16 matmul (the peak a bfloat16 step is measured against), and an elementwise add of 16M
+// floats vs memcpy bandwidth. Prints medians of interleaved runs and the ratios (the machine is
+// shared: only ratios measured in one run mean anything).
 //
 //   build/bench/bench_tensor [--threads N] [--reps R]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -78,6 +81,52 @@ void bench_sgemm(int64_t m, int64_t n, int64_t k, int threads, int reps) {
   std::printf("\n");
 }
 
+// bfloat16 operands, float32 products and sums: what autocast's convolutions and linear layers
+// compute, and on CPUs with AVX512-BF16 (two products per float32 lane per instruction) or AMX
+// the ceiling a bfloat16 step is compared with. Timed beside oneDNN's sgemm of the same shape,
+// so the two peaks come from one run. CPUs whose oneDNN has no bfloat16 matmul say so.
+void bench_bf16_matmul(int64_t m, int64_t n, int64_t k, int threads, int reps) {
+  using dnnl::memory;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const memory::desc a_md({m, k}, memory::data_type::bf16, memory::format_tag::ab);
+  const memory::desc b_md({k, n}, memory::data_type::bf16, memory::format_tag::ab);
+  const memory::desc c_md({m, n}, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::matmul::primitive_desc pd;
+  try {
+#if DNNL_VERSION_MAJOR >= 3
+    pd = dnnl::matmul::primitive_desc(eng, a_md, b_md, c_md);
+#else
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+#endif
+  } catch (const dnnl::error& e) {
+    std::printf("bf16 matmul m=%ld n=%ld k=%ld threads=%d: none in this oneDNN (%s)\n",
+                static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), threads,
+                e.what());
+    return;
+  }
+  // 0x3f80 is bfloat16 1.0: the values do not change the time, only the bytes' count does.
+  std::vector<uint16_t> a(static_cast<size_t>(m * k), 0x3f80),
+      b(static_cast<size_t>(k * n), 0x3f80);
+  std::vector<float> c(static_cast<size_t>(m * n)), a32(a.size(), 1.f), b32(b.size(), 1.f);
+  memory am(a_md, eng, a.data()), bm(b_md, eng, b.data()), cm(c_md, eng, c.data());
+  dnnl::matmul mm(pd);
+  std::vector<std::function<void()>> fns = {
+      [&] {
+        mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+        strm.wait();
+      },
+      [&] { dnnl_sgemm('N', 'N', m, n, k, 1.f, a32.data(), k, b32.data(), n, 0.f, c.data(), n); },
+  };
+  auto t = interleaved(fns, reps);
+  const double flops = 2.0 * static_cast<double>(m * n * k);
+  std::printf(
+      "bf16 matmul m=%ld n=%ld k=%ld threads=%d: oneDNN %.1f GFLOP/s (%s), sgemm %.1f GFLOP/s\n"
+      "  ratio bf16 / sgemm rate %.2f\n",
+      static_cast<long>(m), static_cast<long>(n), static_cast<long>(k), threads,
+      flops / t[0] * 1e-9, pd.impl_info_str(), flops / t[1] * 1e-9, t[1] / t[0]);
+}
+
 void bench_add(int threads, int reps) {
   const int64_t n = 16 << 20;
   Tensor a = ops::rand({n}), b = ops::rand({n}), out = ops::empty({n});
@@ -117,6 +166,7 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     bench_sgemm(1024, 1024, 1024, threads, reps);
     bench_sgemm(64, 16384, 576, threads, reps);
+    bench_bf16_matmul(1024, 1024, 1024, threads, reps);
     bench_add(threads, reps);
   }
   return 0;

@@ -74,8 +74,16 @@ double median(std::vector<double> v) {
 // Seconds per category, summed over the profiled steps.
 using Breakdown = std::map<std::string, double>;
 
+// A convolution's arithmetic as a direct convolution counts it (2 FLOPs per multiply-add, so
+// Winograd's savings show as a rate above the GEMM peak): forward, and backward data (only where
+// the input needs a gradient: not the stem's images) plus backward weights.
+struct ConvFlops {
+  double forward = 0, backward = 0;
+};
+
 struct FwdTimer {
-  Breakdown* out = nullptr;  // null: no timing (plain forward)
+  Breakdown* out = nullptr;    // null: no timing (plain forward)
+  ConvFlops* flops = nullptr;  // summed over the profiled steps
   Tensor operator()(const char* what, const std::function<Tensor()>& f) const {
     if (out == nullptr) return f();
     auto t0 = Clock::now();
@@ -83,19 +91,29 @@ struct FwdTimer {
     (*out)[what] += since(t0);
     return r;
   }
+  Tensor conv(nn::Module& m, const Tensor& x) const {
+    Tensor y = (*this)("conv", [&] { return m(x); });
+    if (flops != nullptr) {
+      const Tensor& w = dynamic_cast<nn::Conv2d&>(m).weight;
+      const double f = 2.0 * static_cast<double>(y.numel() * (w.numel() / w.size(0)));
+      flops->forward += f;
+      flops->backward += x.requires_grad() ? 2 * f : f;
+    }
+    return y;
+  }
 };
 
 // Each timed step calls what the model's own forward calls (BasicBlock::forward, ResNet::forward,
 // SmallCNN::forward), fused ops included, so that the backward below walks the graph a real
 // step builds: a walk with separate batch norm, relu and add calls would time other kernels.
 Tensor timed_basic_block(models::BasicBlock& b, const Tensor& x, const FwdTimer& T) {
-  Tensor out = T("conv", [&] { return (*b.conv1)(x); });
+  Tensor out = T.conv(*b.conv1, x);
   out = T("batch_norm+relu", [&] { return b.bn1->forward_relu(out); });
-  out = T("conv", [&] { return (*b.conv2)(out); });
+  out = T.conv(*b.conv2, out);
   Tensor identity = x;
   if (b.downsample) {
     auto& ds = dynamic_cast<nn::Sequential&>(*b.downsample);
-    identity = T("conv", [&] { return (*ds[0])(x); });
+    identity = T.conv(*ds[0], x);
     identity = T("batch_norm", [&] { return (*ds[1])(identity); });
   }
   return T("batch_norm+add+relu", [&] { return b.bn2->forward_add_relu(out, identity); });
@@ -106,7 +124,7 @@ Tensor timed_basic_block(models::BasicBlock& b, const Tensor& x, const FwdTimer&
 std::function<Tensor(const Tensor&, const FwdTimer&)> timed_forward(nn::Module& model) {
   if (auto* r = dynamic_cast<models::ResNet*>(&model)) {
     return [r](const Tensor& x, const FwdTimer& T) {
-      Tensor out = T("conv", [&] { return (*r->conv1)(x); });
+      Tensor out = T.conv(*r->conv1, x);
       out = T("batch_norm+relu", [&] { return r->bn1->forward_relu(out); });
       for (auto& layer : r->layers) {
         for (size_t i = 0; i < layer->size(); ++i) {
@@ -121,10 +139,10 @@ std::function<Tensor(const Tensor&, const FwdTimer&)> timed_forward(nn::Module& 
   }
   if (auto* c = dynamic_cast<models::SmallCNN*>(&model)) {
     return [c](const Tensor& x, const FwdTimer& T) {
-      Tensor h = T("conv", [&] { return (*c->conv1)(x); });
+      Tensor h = T.conv(*c->conv1, x);
       h = T("batch_norm+relu", [&] { return c->bn1->forward_relu(h); });
       h = T("pool", [&] { return F::max_pool2d(h, {2, 2}); });
-      h = T("conv", [&] { return (*c->conv2)(h); });
+      h = T.conv(*c->conv2, h);
       h = T("batch_norm+relu", [&] { return c->bn2->forward_relu(h); });
       h = T("pool", [&] { return F::max_pool2d(h, {2, 2}); });
       h = T("linear", [&] { return (*c->fc1)(ddplab::flatten(h, 1)); });
@@ -186,6 +204,21 @@ void print_breakdown(const char* title, const Breakdown& b, int steps, double st
               steps, total, 100 * total / step_ms);
   for (const auto& [ms, k] : rows)
     std::printf("  %-34s %8.2f  %5.1f%%\n", k.c_str(), ms, 100 * ms / step_ms);
+}
+
+// The convolutions' rate in direct-convolution GFLOP/s, to set beside bench_tensor's GEMM peak
+// of the same precision: a rate near the peak leaves nothing for a faster direct kernel.
+void print_conv_rates(const ConvFlops& flops, const Breakdown& fwd, const Breakdown& bwd) {
+  double bwd_s = 0;
+  for (const auto& [k, v] : bwd)
+    if (k.rfind("ConvolutionBackward", 0) == 0) bwd_s += v;
+  const double fwd_s = fwd.count("conv") ? fwd.at("conv") : 0;
+  if (fwd_s <= 0 || bwd_s <= 0) return;
+  std::printf(
+      "convolutions (direct-convolution FLOPs): forward %.1f GFLOP/s, backward %.1f GFLOP/s, "
+      "all %.1f GFLOP/s\n",
+      flops.forward / fwd_s * 1e-9, flops.backward / bwd_s * 1e-9,
+      (flops.forward + flops.backward) / (fwd_s + bwd_s) * 1e-9);
 }
 
 struct Config {
@@ -261,10 +294,11 @@ int run(const Config& c) {
 
   if (c.profile) {
     Breakdown fwd, bwd, opt_b;
+    ConvFlops flops;
     auto walk = timed_forward(*model);
     BwdRecorder rec;
     for (int i = 0; i < c.steps; ++i) {
-      FwdTimer timer{&fwd};
+      FwdTimer timer{&fwd, &flops};
       Tensor loss;
       {
         std::optional<amp::AutocastGuard> autocast;
@@ -286,6 +320,7 @@ int run(const Config& c) {
     print_breakdown("backward by autograd node (AccumulateGrad: adding into .grad)", bwd, c.steps,
                     ms);
     print_breakdown("optimizer", opt_b, c.steps, ms);
+    if (walk) print_conv_rates(flops, fwd, bwd);
   }
   return 0;
 }
