@@ -153,7 +153,7 @@ struct Tiles {
 namespace avx512 {
 constexpr int kLanes = 16;
 constexpr int kProductVectors = 1;  // multiply_as in nn/winograd_tiles.h
-constexpr int kPrefetchTiles = 0;   // Note [Prefetching] there
+constexpr int kPrefetchTiles = 2;   // when prefetching: Note [Prefetching] there
 using vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 inline vec fma(vec a, vec b, vec c) {
   return _mm512_fmadd_ps(a, b, c);
@@ -206,24 +206,31 @@ struct Kernels {
                             float*);
 };
 
+template <int M, class T, int Ahead>
+Kernels<T> avx512_kernels() {
+  return {M,
+          avx512::transform_inputs<M, Ahead, T>,
+          avx512::transform_output_grads<M, Ahead, T>,
+          avx512::multiply<M>,
+          avx512::accumulate_weight_grads<M>,
+          avx512::transform_outputs<M, Ahead, T>,
+          avx512::transform_filters,
+          avx512::filters_from_sums};
+}
+
+// `narrow`: at most 16 channels in and out, where the AVX-512 form prefetches too (Note
+// [Prefetching] in nn/winograd_tiles.h); the AVX2 form always does.
 template <int M, class T>
-Kernels<T> kernels_for(int64_t lanes) {
+Kernels<T> kernels_for(int64_t lanes, bool narrow) {
   if (lanes == 16) {
-    return {M,
-            avx512::transform_inputs<M, T>,
-            avx512::transform_output_grads<M, T>,
-            avx512::multiply<M>,
-            avx512::accumulate_weight_grads<M>,
-            avx512::transform_outputs<M, T>,
-            avx512::transform_filters,
-            avx512::filters_from_sums};
+    return narrow ? avx512_kernels<M, T, avx512::kPrefetchTiles>() : avx512_kernels<M, T, 0>();
   }
   return {M,
-          avx2::transform_inputs<M, T>,
-          avx2::transform_output_grads<M, T>,
+          avx2::transform_inputs<M, avx2::kPrefetchTiles, T>,
+          avx2::transform_output_grads<M, avx2::kPrefetchTiles, T>,
           avx2::multiply<M>,
           avx2::accumulate_weight_grads<M>,
-          avx2::transform_outputs<M, T>,
+          avx2::transform_outputs<M, avx2::kPrefetchTiles, T>,
           avx2::transform_filters,
           avx2::filters_from_sums};
 }
@@ -231,7 +238,8 @@ Kernels<T> kernels_for(int64_t lanes) {
 // The tile size a problem runs with (Problem::tile).
 template <class T>
 Kernels<T> kernels_for(const Problem& p) {
-  return p.tile == 2 ? kernels_for<2, T>(p.lanes) : kernels_for<4, T>(p.lanes);
+  const bool narrow = p.c <= 16 && p.o <= 16;
+  return p.tile == 2 ? kernels_for<2, T>(p.lanes, narrow) : kernels_for<4, T>(p.lanes, narrow);
 }
 
 // G of F(m x m, 3x3), n x 3, exact in double (1/3 and 1/15 are not in float32); TapMatrix below

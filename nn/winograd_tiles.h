@@ -1,10 +1,10 @@
 // The inner loops of Winograd's F(m x m, 3x3) for m = 2 and 4 (Note [Winograd F(m x m, 3x3)] in
 // nn/winograd.cpp), for one chunk of output tiles. nn/winograd.cpp includes this file once per
 // instruction set, inside a namespace that defines kLanes (floats per vector register),
-// kProductVectors (multiply_as) and kPrefetchTiles (Note [Prefetching] below), under a
-// `#pragma GCC target` that lets the compiler use those registers; `vec`, `splat` and `fma` come
-// from there too. Everything here works on whole vectors of channels, so channel counts are
-// multiples of kLanes.
+// kProductVectors (multiply_as) and kPrefetchTiles (how far Note [Prefetching] below asks ahead),
+// under a `#pragma GCC target` that lets the compiler use those registers; `vec`, `splat` and
+// `fma` come from there too. Everything here works on whole vectors of channels, so channel
+// counts are multiples of kLanes.
 //
 // A tile is m x m outputs; its input patch has n = m + 2 rows and columns, so there are n * n
 // positions in the transformed domain. Scratch layouts (one chunk of `rows` tiles, rows a multiple
@@ -71,13 +71,23 @@ inline void store_activation(uint16_t* p, vec v) {
 
 // Note [Prefetching]
 // Tiles run along image rows and each one reads (or writes) a few pixels from each of n (or m)
-// image rows: as many streams of memory as rows, which the hardware prefetchers pick up late. The
-// AVX2 form spends twice the instructions of the AVX-512 form per byte of activations, so its
-// out-of-order window reaches half as far ahead and the loads wait longer. There the pixels of the
-// tile kPrefetchTiles to the right are asked for ahead (past the row's end the addresses fall on
-// the next pixel rows, which do no harm). On a Zen 4 limited to AVX2 this made 16-channel calls
-// 7-20% faster (none with 32 or 64 channels, whose images fit the caches) and resnet20's step
-// 6-13%; with AVX-512 it gained nothing measurable (kPrefetchTiles = 0 there).
+// image rows: as many streams of memory as rows, which the hardware prefetchers pick up late.
+// Where that shows, the transforms ask for the pixels of the tile `Ahead` tiles to the right
+// (kPrefetchTiles of the namespace; past the row's end the addresses fall on the next pixel rows,
+// which do no harm), a template parameter so that kernels_for (nn/winograd.cpp) picks per call:
+//  * The AVX2 form always: it spends twice the instructions of the AVX-512 form per byte of
+//    activations, so its out-of-order window reaches half as far ahead and the loads wait longer.
+//    On a Zen 4 limited to AVX2 this made 16-channel calls 7-20% faster (none with 32 or 64
+//    channels, whose images fit the caches) and resnet20's step 6-13%.
+//  * The AVX-512 form with at most 16 channels in and out: there a tile does the least
+//    arithmetic per byte, and resnet20's 16-channel images (32x32, 8 MiB a batch of 128 in
+//    float32) come from memory. Per call on a Zen 4 (2 threads, batch 128, arrays rotated through
+//    more memory than the caches hold, medians of 6 alternating runs, 2026-12-07): float32
+//    backward data and weights 0.86x and 0.90x the time without, bfloat16 activations 0.92x and
+//    0.90x; with 32 channels 0.98-1.04x, with 64 1.02-1.03x, so not there. resnet20's step
+//    (bench_train.py --driver, build against build, 12 rounds twice): float32 0.88x and 0.95x at
+//    2 threads, 0.96x and 0.94x at 1; bf16 (ours in the backward only) 0.98x and 0.95x, 1.00x
+//    and 0.96x.
 //
 // Both helpers are always inlined: to GCC a prefetch has no effect, so a call to a function that
 // only prefetches is dead code, and it deleted the call to prefetch_tile_ahead (before inlining it)
@@ -92,12 +102,11 @@ template <int Rows, int ForWrite, class T>
   }
 }
 
-// The m x m pixels, every block of channels, of the tile kPrefetchTiles to the right of t.
-template <int M, int ForWrite, class T>
+// The m x m pixels, every block of channels, of the tile `Ahead` tiles to the right of t.
+template <int M, int ForWrite, int Ahead, class T>
 [[gnu::always_inline]] inline void prefetch_tile_ahead(const Activations<T>& a, const Tile& t) {
   for (int64_t ch = 0; ch < a.c; ch += a.block) {
-    prefetch_rows<M, ForWrite>(a.at(t.n, ch, t.y, t.x + kPrefetchTiles * M), a.dy(),
-                               M * a.dx() * sizeof(T));
+    prefetch_rows<M, ForWrite>(a.at(t.n, ch, t.y, t.x + Ahead * M), a.dy(), M * a.dx() * sizeof(T));
   }
 }
 
@@ -177,7 +186,7 @@ inline void store_rows(const vec (&cols)[S][N], F f, float* out, int64_t pos_str
 // each row of the result; neighbouring tiles of an image row share two columns, so a tile that
 // follows its left neighbour takes over that one's last two transformed columns and loads only
 // m new ones.
-template <int M, class T>
+template <int M, int Ahead, class T>
 inline void transform_inputs(const Activations<T>& x, const Tiles& tiles, int64_t first, int rows,
                              float* v) {
   constexpr int N = M + 2;
@@ -193,8 +202,8 @@ inline void transform_inputs(const Activations<T>& x, const Tiles& tiles, int64_
       for (int r = 0; r < N; ++r) row_in[r] = t.valid && t.y - 1 + r >= 0 && t.y - 1 + r < x.h;
       // The patch's top left pixel, which may lie in the padding: only pixels inside are read.
       const T* at = x.at(t.n, ch, t.y, t.x) - dy - dx;
-      if (kPrefetchTiles > 0) {  // the m new columns of that tile's patch
-        prefetch_rows<N, 0>(at + (kPrefetchTiles * M + 2) * dx, dy, M * dx * sizeof(T));
+      if (Ahead > 0) {  // the m new columns of that tile's patch
+        prefetch_rows<N, 0>(at + (Ahead * M + 2) * dx, dy, M * dx * sizeof(T));
       }
       auto column = [&](int s) {
         const bool in = t.x - 1 + s >= 0 && t.x - 1 + s < x.w;
@@ -225,7 +234,7 @@ inline void transform_inputs(const Activations<T>& x, const Tiles& tiles, int64_
 
 // Transforms the m x m output-gradient tile of each tile of the chunk into Gy (zeros past the
 // image's edge).
-template <int M, class T>
+template <int M, int Ahead, class T>
 inline void transform_output_grads(const Activations<T>& gy, const Tiles& tiles, int64_t first,
                                    int rows, float* g) {
   constexpr int N = M + 2;
@@ -233,7 +242,7 @@ inline void transform_output_grads(const Activations<T>& gy, const Tiles& tiles,
   const int64_t pos_stride = position_stride(rows, o);
   Tile t = tiles.at(first);
   for (int i = 0; i < rows; ++i, t = tiles.next(t)) {
-    if (kPrefetchTiles > 0) prefetch_tile_ahead<M, 0>(gy, t);
+    if (Ahead > 0) prefetch_tile_ahead<M, 0, Ahead>(gy, t);
     for (int64_t ch = 0; ch < o; ch += kLanes) {
       vec h[M][N];  // A d, h[b] from column b of the tile
 #pragma GCC unroll 4
@@ -388,7 +397,7 @@ inline void accumulate_weight_grads(const float* v, const float* g, int rows, in
 
 // y = A^T M A (+ bias) for each tile of the chunk: the m x m outputs, written into y where they
 // lie inside it.
-template <int M, class T>
+template <int M, int Ahead, class T>
 inline void transform_outputs(const float* m, const float* bias, const Tiles& tiles, int64_t first,
                               int rows, const Activations<T>& y) {
   constexpr int N = M + 2;
@@ -396,7 +405,7 @@ inline void transform_outputs(const float* m, const float* bias, const Tiles& ti
   const int64_t pos_stride = position_stride(rows, o);
   Tile t = tiles.at(first);
   for (int i = 0; i < rows && t.valid; ++i, t = tiles.next(t)) {
-    if (kPrefetchTiles > 0) prefetch_tile_ahead<M, 1>(y, t);
+    if (Ahead > 0) prefetch_tile_ahead<M, 1, Ahead>(y, t);
     for (int64_t ch = 0; ch < o; ch += kLanes) {
       const float* in = m + static_cast<int64_t>(i) * o + ch;
       vec f[N][M];  // A^T M, f[s] from column s
