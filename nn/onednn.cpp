@@ -256,18 +256,20 @@ constexpr int64_t kBf16WinogradWeightsMinChannels = 64;
 // DDPLAB_CONV_ALGO=onednn keep oneDNN's kernels; its primitives are built in any case, for the
 // layouts they choose.
 //
-// Under autocast (bfloat16 activations in and out) ours runs backward data and weights, reading
-// and writing bfloat16 but computing in float32 (Note [bfloat16 activations] in nn/winograd.cpp),
-// on CPUs without AMX; the forward stays with oneDNN's bfloat16 kernels (AVX512-BF16 dot
-// products), which ours did not beat. Measured 2026-12-07 on the Zen 4, resnet20, batch 128,
-// 2 threads (bench_train.py --driver --variants ddplab+bf16, 6-8 interleaved rounds, medians):
-// ours in both backward passes 0.95x the step with oneDNN's only, in backward weights alone
-// 0.97x; ours in the forward as well, against ours in the backward only, 1.01x (ours in every
-// pass against oneDNN's only: 0.97-1.02x). Per call (batch 128, 2 threads, ms forward /
-// backward data / backward weights, oneDNN's bfloat16 vs ours):
-//   16 channels: 1.44 / 1.42 / 2.14  vs  1.44 / 1.46 / 2.19
-//   32 channels: 1.32 / 1.21 / 1.71  vs  1.33 / 1.22 / 1.41
-//   64 channels: 1.21 / 1.19 / 1.49  vs  1.15 / 1.15 / 1.18
+// Under autocast (bfloat16 activations in and out) ours runs every pass too, reading and writing
+// bfloat16 but computing in float32 (Note [bfloat16 activations] in nn/winograd.cpp), on CPUs
+// without AMX. Measured 2026-12-07 on the Zen 4, resnet20, batch 128, 2 threads (bench_train.py
+// --driver --variants ddplab+bf16, 6-12 interleaved rounds, medians): ours in both backward
+// passes 0.95x the step with oneDNN's only, in backward weights alone 0.97x. The forward first
+// stayed with oneDNN's bfloat16 kernels (AVX512-BF16 dot products): ours there, against ours in
+// the backward only, took 1.01x; after our kernels kept their scratch memory and prefetched at 16
+// channels, 0.93x, 0.97x and (1 thread) 0.98x, and build against build 1.04x, 0.97x (1 thread
+// 0.95x): a few percent, in a simpler rule, so ours runs it as well. Per call (batch 128, 2
+// threads, ms forward / backward data / backward weights, oneDNN's bfloat16 vs ours; before the
+// kept scratch, then with it, before the prefetch):
+//   16 channels: 1.44 / 1.42 / 2.14  vs  1.44 / 1.46 / 2.19,  then 1.31 / 1.32 / 1.26
+//   32 channels: 1.32 / 1.21 / 1.71  vs  1.33 / 1.22 / 1.41,  then 1.12 / 0.99 / 1.06
+//   64 channels: 1.21 / 1.19 / 1.49  vs  1.15 / 1.15 / 1.18,  then 0.97 / 0.88 / 0.93
 // With AMX oneDNN's bfloat16 kernels are much faster than float32 arithmetic can be (the
 // bfloat16 step 1.92-2.04x float32's there), so they keep every pass.
 //
@@ -792,8 +794,7 @@ size_t conv2d_saved_input_bytes(const Conv2dParams& p, ConvTypes types, int64_t 
 void conv2d_forward(const Conv2dParams& p, const void* x, const float* w, const float* b, void* y,
                     ConvTypes types, void* x_saved, Blocks blocks) {
   ConvPrimitives& cp = primitives_for(p, types);
-  // A bfloat16 forward stays with oneDNN's kernels (Note [Winograd of our own]).
-  if (auto q = own_winograd_problem(cp, blocks.x, types.x_nhwc, blocks.y); q && !q->bf16) {
+  if (auto q = own_winograd_problem(cp, blocks.x, types.x_nhwc, blocks.y)) {
     winograd::forward(*q, x, w, p.has_bias ? b : nullptr, y);
     return;
   }
