@@ -391,11 +391,11 @@ struct ConvPrimitives {
   dnnl::convolution_backward_weights bwd_weights;
   Arg bw_x, bw_gy, bw_gw;
   Arg bw_x_b, bw_gy_b;
-  // Note [bf16 strided weight gradient]: the batch in `bw_parts` parts, one thread each.
+  // Note [bf16 strided weight gradient]: the batch in `bw_parts` parts, one thread each, each
+  // reading its slice of x and gy (the descriptor's src and diff_dst) with scratch of its own.
   int bw_parts = 1;
+  dnnl::convolution_backward_weights::primitive_desc bw_part_pd;
   dnnl::convolution_backward_weights bw_part;
-  memory::desc bw_part_x, bw_part_gy;  // one part's x and gy (x, gy sliced by images)
-  memory::desc bw_part_scratch;        // oneDNN's scratch memory of one part
 
   // `algorithm`: the setting, read once by the caller that keys the cache with it.
   ConvPrimitives(const Conv2dParams& params, ConvTypes types, ConvAlgorithm algorithm)
@@ -580,19 +580,20 @@ struct ConvPrimitives {
         pd.diff_dst_desc() != pgy || pd.diff_weights_desc() != whole.diff_weights_desc()) {
       return;
     }
+    bw_part_pd = pd;
     bw_part = dnnl::convolution_backward_weights(pd);
-    bw_part_x = px;
-    bw_part_gy = pgy;
-    bw_part_scratch = pd.scratchpad_desc();
     bw_parts = parts;
   }
 };
 
 // The weight gradient of Note [bf16 strided weight gradient]'s split: part i of x and gy on
-// thread i, into gw (part 0) or a buffer of its own, then summed into gw in part order.
+// thread i, into gw (part 0) or a buffer of its own, then summed into gw in part order; gb
+// likewise where the layer has a bias.
 void backward_weights_in_parts(const ConvPrimitives& cp, const memory& x, const memory& gy,
                                const memory& gw, float* gb, Scratch& s) {
   const int parts = cp.bw_parts;
+  const memory::desc px = cp.bw_part_pd.src_desc(), pgy = cp.bw_part_pd.diff_dst_desc();
+  const memory::desc scratch_md = cp.bw_part_pd.scratchpad_desc();
   const size_t gw_bytes = gw.get_desc().get_size(),
                gb_bytes = cp.p.has_bias ? cp.p.o * sizeof(float) : 0;
   std::vector<float*> gws(parts), gbs(parts);
@@ -601,8 +602,7 @@ void backward_weights_in_parts(const ConvPrimitives& cp, const memory& x, const 
     gws[i] =
         i == 0 ? static_cast<float*>(gw.get_data_handle()) : static_cast<float*>(s.get(gw_bytes));
     gbs[i] = gb_bytes == 0 ? nullptr : i == 0 ? gb : static_cast<float*>(s.get(gb_bytes));
-    const size_t scratch_bytes = cp.bw_part_scratch.get_size();
-    scratch[i] = scratch_bytes != 0 ? s.get(scratch_bytes) : nullptr;
+    scratch[i] = scratch_md.get_size() != 0 ? s.get(scratch_md.get_size()) : nullptr;
   }
   auto* x0 = static_cast<char*>(x.get_data_handle());
   auto* gy0 = static_cast<char*>(gy.get_data_handle());
@@ -615,12 +615,12 @@ void backward_weights_in_parts(const ConvPrimitives& cp, const memory& x, const 
     try {
       dnnl::stream own(engine());
       std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, memory(cp.bw_part_x, engine(), x0 + i * cp.bw_part_x.get_size())},
-          {DNNL_ARG_DIFF_DST, memory(cp.bw_part_gy, engine(), gy0 + i * cp.bw_part_gy.get_size())},
+          {DNNL_ARG_SRC, memory(px, engine(), x0 + i * px.get_size())},
+          {DNNL_ARG_DIFF_DST, memory(pgy, engine(), gy0 + i * pgy.get_size())},
           {DNNL_ARG_DIFF_WEIGHTS, memory(gw_md, engine(), gws[i])}};
       if (gb_bytes != 0) args.emplace(DNNL_ARG_DIFF_BIAS, memory(cp.b_plain, engine(), gbs[i]));
       if (scratch[i] != nullptr)
-        args.emplace(DNNL_ARG_SCRATCHPAD, memory(cp.bw_part_scratch, engine(), scratch[i]));
+        args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratch_md, engine(), scratch[i]));
       cp.bw_part.execute(own, args);
       own.wait();
     } catch (...) {
@@ -878,7 +878,7 @@ void conv2d_backward(const Conv2dParams& p, const void* x, const void* x_saved, 
         args.emplace(DNNL_ARG_DIFF_BIAS, memory(cp.b_plain, engine(), gb));
       }
       if (cp.bw_parts > 1) {
-        backward_weights_in_parts(cp, xm, gym, gwm, p.has_bias ? gb : nullptr, s);
+        backward_weights_in_parts(cp, xm, gym, gwm, gb, s);
       } else {
         cp.bwd_weights.execute(stream(), args);
       }
